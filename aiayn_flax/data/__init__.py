@@ -1,0 +1,1 @@
+"""Data: tfds sources, the shared SentencePiece vocabulary, token-bucketed batches."""

@@ -1,0 +1,34 @@
+"""Reading plain-text corpora: one segment per line, UTF-8, with errors that name file and line."""
+import gzip
+import os
+
+
+def read_lines(path: str) -> list[str]:
+  """Lines of a UTF-8 text file (gzip if the name ends in .gz), without their line endings.
+
+  Every line is kept, empty ones included, so that line i always means segment i.
+  """
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: no such file")
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rb") as f:
+    raw_lines = f.read().split(b"\n")
+  if raw_lines and raw_lines[-1] == b"":
+    raw_lines.pop()  # the newline that ends the last line
+  lines = []
+  for number, raw in enumerate(raw_lines, start=1):
+    try:
+      lines.append(raw.decode("utf-8").rstrip("\r"))
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+  return lines
+
+
+def read_parallel_lines(source_path: str, target_path: str) -> tuple[list[str], list[str]]:
+  """Aligned lines of two files; an error naming both files and counts if they differ."""
+  source, target = read_lines(source_path), read_lines(target_path)
+  if len(source) != len(target):
+    raise ValueError(
+        f"parallel files differ in length: {source_path} has {len(source)} lines, "
+        f"{target_path} has {len(target)} lines")
+  return source, target

@@ -1,0 +1,118 @@
+"""Transformer base on WMT14 EN->DE: Vaswani et al. (2017), Table 3 row "base".
+
+Every hyper-parameter of the run lives here; override any of them on the command line with
+`--config.key=value` (e.g. `--config.model.dropout_rate=0.2`). Table 3's variations (A)-(E)
+are selectable by name: `--config=configs/base.py:B16` (see `TABLE3_ROWS`).
+"""
+import ml_collections
+
+# Table 3 rows: name -> overrides of the base model (and label smoothing for row D).
+# Paper's parameter counts (x10^6) are in the trailing comments, for the README's table.
+TABLE3_ROWS = {
+    "A1": dict(num_heads=1, qk_dim=512, v_dim=512),  # 65M
+    "A4": dict(num_heads=4, qk_dim=128, v_dim=128),  # 65M
+    "A16": dict(num_heads=16, qk_dim=32, v_dim=32),  # 65M
+    "A32": dict(num_heads=32, qk_dim=16, v_dim=16),  # 65M
+    "B16": dict(qk_dim=16),  # 58M
+    "B32": dict(qk_dim=32),  # 60M
+    "C2": dict(num_layers=2),  # 36M
+    "C4": dict(num_layers=4),  # 50M
+    "C8": dict(num_layers=8),  # 80M
+    "C256": dict(d_model=256, qk_dim=32, v_dim=32),  # 28M
+    "C1024": dict(d_model=1024, qk_dim=128, v_dim=128),  # 168M
+    "C1024ff": dict(d_ff=1024),  # 53M
+    "C4096ff": dict(d_ff=4096),  # 90M
+    "D0.0": dict(dropout_rate=0.0),
+    "D0.2": dict(dropout_rate=0.2),
+    "Dls0.0": dict(label_smoothing=0.0),
+    "Dls0.2": dict(label_smoothing=0.2),
+    "E": dict(positions="learned"),
+}
+PAPER_PARAMS_MILLIONS = {
+    "base": 65, "big": 213, "A1": 65, "A4": 65, "A16": 65, "A32": 65, "B16": 58, "B32": 60,
+    "C2": 36, "C4": 50, "C8": 80, "C256": 28, "C1024": 168, "C1024ff": 53, "C4096ff": 90,
+}
+
+
+def model_config(**overrides):
+  """The paper's base model (section 3). `qk_dim`/`v_dim` are per-head d_k/d_v (0: d_model/h)."""
+  model = ml_collections.ConfigDict(dict(
+      vocab_size=37000,  # one shared SentencePiece vocabulary for EN and DE (section 5.1)
+      d_model=512,
+      d_ff=2048,
+      num_heads=8,
+      qk_dim=0,
+      v_dim=0,
+      num_layers=6,  # N, for the encoder and the decoder stacks alike
+      dropout_rate=0.1,  # P_drop: sublayer outputs and embeddings + positions (5.4)
+      attention_dropout_rate=0.0,  # not in the paper; tensor2tensor's option
+      positions="sinusoidal",  # or "learned" (Table 3 row E)
+      max_positions=1024,  # size of the learned position table (row E only)
+      pre_layer_norm=False,  # the paper is post-LN: LayerNorm(x + Dropout(Sublayer(x)))
+      dtype="float32",  # compute dtype; "bfloat16" on TPU/GPU keeps f32 params, softmax, loss
+  ))
+  model.update(overrides)
+  return model
+
+
+def get_config(row: str = ""):
+  c = ml_collections.ConfigDict()
+  c.name = "base" + (f":{row}" if row else "")
+
+  # Data: WMT14 EN->DE through tfds; validation newstest2013, test newstest2014 (section 5.1).
+  c.dataset = ml_collections.ConfigDict(dict(
+      name="wmt14_translate/de-en",
+      source_lang="en",
+      target_lang="de",
+      train_split="train",
+      eval_split="validation",
+      test_split="test",
+      data_dir="",  # tfds data_dir; "" uses tfds' default
+      vocab_model_type="bpe",
+      vocab_sample_sentences=10_000_000,  # sentences (both sides) used to train the vocabulary
+      max_length=256,  # training pairs longer than this (in subwords, either side) are filtered
+      bucket_min_length=8,  # boundaries grow geometrically from here to max_length
+      bucket_growth=1.25,
+      shuffle_buffer=100_000,
+  ))
+
+  c.model = model_config()
+  label_smoothing = 0.1  # epsilon_ls (section 5.4)
+
+  # Optimizer (section 5.3): Adam(0.9, 0.98, 1e-9), lr = scale * d^-0.5 * min(s^-0.5, s*w^-1.5).
+  c.learning_rate_scale = 1.0
+  c.warmup_steps = 4000
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.98
+  c.adam_eps = 1e-9
+  c.label_smoothing = label_smoothing
+  c.weight_decay = 0.0
+
+  # Batching (5.1): about 25000 source and 25000 target tokens per optimizer step.
+  c.tokens_per_batch = 25000
+  c.num_train_steps = 100_000  # 12 hours on 8 P100 (5.2)
+
+  c.seed = 0
+  c.log_every_steps = 100
+  c.eval_every_steps = 5000
+  c.checkpoint_every_steps = 1000
+  c.keep_checkpoints = 5
+  c.eval_bleu_sentences = 1000  # greedy-decoded validation sentences for the periodic BLEU
+
+  # Decoding and scoring (section 6.1): beam 4, alpha 0.6, max length input + 50, last 5 averaged.
+  c.beam_size = 4
+  c.length_penalty_alpha = 0.6
+  c.decode_extra_length = 50
+  c.average_last_checkpoints = 5
+  c.decode_batch_size = 64
+
+  c.mesh = "data:-1"  # mesh axes and sizes; -1 takes the remaining devices
+
+  if row:
+    if row not in TABLE3_ROWS:
+      raise ValueError(f"configs/base.py: unknown Table 3 row {row!r}; known: {sorted(TABLE3_ROWS)}")
+    overrides = dict(TABLE3_ROWS[row])
+    if "label_smoothing" in overrides:
+      c.label_smoothing = overrides.pop("label_smoothing")
+    c.model.update(overrides)
+  return c

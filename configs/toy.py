@@ -1,0 +1,37 @@
+"""Seconds-long synthetic task for tests: reverse a random sequence of symbols.
+
+No text, no SentencePiece: token ids are the symbols themselves (ids below 4 are reserved for
+pad, EOS, UNK, BOS). A 2+2-layer model learns it to >= 95% exact match in well under 2 minutes.
+"""
+from configs import base
+
+
+def get_config():
+  c = base.get_config()
+  c.name = "toy"
+  c.dataset.update(
+      name="toy_reverse",
+      max_length=12,  # symbols per sequence are drawn from [min_symbols, max_length - 1]
+      bucket_min_length=8,
+      bucket_growth=1.5,
+      shuffle_buffer=1000,
+  )
+  c.dataset.toy_min_symbols = 4
+  c.dataset.toy_train_examples = 20000
+  c.dataset.toy_eval_examples = 200
+  c.model.update(vocab_size=20, d_model=64, d_ff=128, num_heads=4, num_layers=2,
+                 dropout_rate=0.0)
+  c.label_smoothing = 0.0
+  c.warmup_steps = 100
+  c.learning_rate_scale = 2.0
+  c.tokens_per_batch = 512
+  c.num_train_steps = 600
+  c.log_every_steps = 100
+  c.eval_every_steps = 600
+  c.checkpoint_every_steps = 300
+  c.keep_checkpoints = 2
+  c.average_last_checkpoints = 1
+  c.eval_bleu_sentences = 0  # exact match, not BLEU, is the toy's metric
+  c.decode_batch_size = 200
+  c.beam_size = 1
+  return c

@@ -1,0 +1,287 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), section 3, in Flax Linen.
+
+Every module takes the model's `config` (the `model` block of a run's ConfigDict, frozen), so
+the config file stays the single source of truth. Shapes: B batch, S source length, T target
+length, H heads, K per-head query/key size (d_k), V per-head value size (d_v), D d_model.
+
+Decoding (`decode=True`) uses an autoregressive cache (collection "cache"): each self-attention
+layer appends its new key/value at the current step; each cross-attention layer projects the
+encoder output to keys/values once, when the cache is created, and reuses them at every step.
+"""
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PAD_ID = 0
+BOS_ID = 3  # the decoder's first input; see aiayn_flax/data/vocabulary.py for the id table
+
+_xavier = nn.initializers.xavier_uniform()
+_LAYER_NORM_EPSILON = 1e-6
+
+
+def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
+  """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(same)."""
+  position = np.arange(length, dtype=np.float64)[:, None]  # [L, 1]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)  # [D/2]
+  angle = position / np.power(10000.0, two_i / d_model)  # [L, D/2]
+  table = np.zeros((length, d_model), dtype=np.float32)
+  table[:, 0::2] = np.sin(angle)
+  table[:, 1::2] = np.cos(angle)
+  return table
+
+
+def head_dims(config) -> tuple[int, int]:
+  """(d_k, d_v) per head; 0 in the config means d_model / h as in the paper."""
+  default = config.d_model // config.num_heads
+  return config.qk_dim or default, config.v_dim or default
+
+
+def padding_mask(tokens: jnp.ndarray) -> jnp.ndarray:
+  """[B, L] token ids -> [B, 1, 1, L] True where a key is a real token."""
+  return (tokens != PAD_ID)[:, None, None, :]
+
+
+def causal_mask(length: int) -> jnp.ndarray:
+  """[1, 1, L, L] True where key position <= query position (section 3.2.3)."""
+  return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
+
+
+def attention(q, k, v, mask, dropout_rate, deterministic, module):
+  """Scaled dot-product attention (equation 1) with the softmax in float32."""
+  # q: [B, Q, H, K]; k: [B, L, H, K]; v: [B, L, H, V]; mask: broadcastable to [B, H, Q, L]
+  q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  logits = jnp.einsum("bqhk,blhk->bhql", q, k).astype(jnp.float32)  # [B, H, Q, L]
+  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1)
+  module.sow("intermediates", "attention_weights", weights)  # for the paper's figures 3-5
+  weights = nn.Dropout(dropout_rate)(weights, deterministic=deterministic)
+  return jnp.einsum("bhql,blhv->bqhv", weights.astype(v.dtype), v)  # [B, Q, H, V]
+
+
+class MultiHeadAttention(nn.Module):
+  """Section 3.2.2. Self-attention projects Q, K, V with one fused matrix; cross-attention
+  projects the queries from the decoder and keys/values (fused) from the encoder output."""
+  config: object
+  is_self_attention: bool
+
+  @nn.compact
+  def __call__(self, x, memory, mask, *, deterministic: bool, decode: bool = False,
+               cache_length: int = 0):
+    # x: [B, Q, D]; memory: [B, S, D] or None (self-attention, and cross-attention steps)
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    d_k, d_v = head_dims(cfg)
+    dense = lambda features, name: nn.DenseGeneral(  # noqa: E731
+        features, dtype=dtype, kernel_init=_xavier, name=name)
+    if self.is_self_attention:
+      qkv = dense((cfg.num_heads, 2 * d_k + d_v), "qkv")(x)  # [B, Q, H, 2K+V]
+      q, k, v = jnp.split(qkv, [d_k, 2 * d_k], axis=-1)
+      if decode:
+        k, v, mask = self._append_to_cache(k, v, cache_length)
+    else:
+      q = dense((cfg.num_heads, d_k), "query")(x)  # [B, Q, H, K]
+      project_memory = lambda: jnp.split(  # noqa: E731
+          dense((cfg.num_heads, d_k + d_v), "key_value")(memory), [d_k], axis=-1)
+      if decode:  # project the encoder output once, when the cache is created
+        k, v = self.variable("cache", "memory_key_value", project_memory).value
+      else:
+        k, v = project_memory()
+    out = attention(q, k, v, mask, cfg.attention_dropout_rate, deterministic, self)
+    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=dtype, kernel_init=_xavier,
+                           name="out")(out)  # [B, Q, D]
+
+  def _append_to_cache(self, k, v, cache_length):
+    """Writes this step's key/value at the cache index; returns all keys/values and a mask of
+    the positions written so far. On the call that creates the cache, returns k, v unchanged."""
+    batch, _, heads, _ = k.shape
+    is_initialized = self.has_variable("cache", "keys")
+    keys = self.variable("cache", "keys", jnp.zeros, (batch, cache_length, heads, k.shape[-1]),
+                         k.dtype)
+    values = self.variable("cache", "values", jnp.zeros,
+                           (batch, cache_length, heads, v.shape[-1]), v.dtype)
+    index = self.variable("cache", "index", lambda: jnp.array(0, dtype=jnp.int32))
+    if not is_initialized:
+      return k, v, causal_mask(k.shape[1])
+    step = index.value
+    keys.value = jax.lax.dynamic_update_slice(keys.value, k, (0, step, 0, 0))
+    values.value = jax.lax.dynamic_update_slice(values.value, v, (0, step, 0, 0))
+    index.value = step + 1
+    written = jnp.arange(keys.value.shape[1]) <= step  # [cache_length]
+    return keys.value, values.value, written[None, None, None, :]
+
+
+class FeedForward(nn.Module):
+  """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+  config: object
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    h = nn.Dense(cfg.d_ff, dtype=dtype, kernel_init=_xavier, name="inner")(x)
+    return nn.Dense(cfg.d_model, dtype=dtype, kernel_init=_xavier, name="outer")(nn.relu(h))
+
+
+class Residual(nn.Module):
+  """Section 5.4: LayerNorm(x + Dropout(Sublayer(x))) (post-LN, the paper), or with
+  `pre_layer_norm` x + Dropout(Sublayer(LayerNorm(x)))."""
+  config: object
+
+  @nn.compact
+  def __call__(self, x, sublayer, *, deterministic: bool):
+    cfg = self.config
+    norm = nn.LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=jnp.dtype(cfg.dtype))
+    dropout = nn.Dropout(cfg.dropout_rate)
+    if cfg.pre_layer_norm:
+      return x + dropout(sublayer(norm(x)), deterministic=deterministic)
+    return norm(x + dropout(sublayer(x), deterministic=deterministic))
+
+
+class EncoderLayer(nn.Module):
+  config: object
+
+  @nn.compact
+  def __call__(self, x, source_mask, *, deterministic: bool):
+    self_attention = MultiHeadAttention(self.config, is_self_attention=True, name="self_attention")
+    x = Residual(self.config, name="attention_residual")(
+        x, lambda y: self_attention(y, None, source_mask, deterministic=deterministic),
+        deterministic=deterministic)
+    return Residual(self.config, name="ffn_residual")(
+        x, FeedForward(self.config, name="ffn"), deterministic=deterministic)
+
+
+class DecoderLayer(nn.Module):
+  config: object
+
+  @nn.compact
+  def __call__(self, y, memory, target_mask, source_mask, *, deterministic: bool,
+               decode: bool = False, cache_length: int = 0):
+    self_attention = MultiHeadAttention(self.config, is_self_attention=True, name="self_attention")
+    cross_attention = MultiHeadAttention(self.config, is_self_attention=False,
+                                         name="cross_attention")
+    y = Residual(self.config, name="self_attention_residual")(
+        y, lambda z: self_attention(z, None, target_mask, deterministic=deterministic,
+                                    decode=decode, cache_length=cache_length),
+        deterministic=deterministic)
+    y = Residual(self.config, name="cross_attention_residual")(
+        y, lambda z: cross_attention(z, memory, source_mask, deterministic=deterministic,
+                                     decode=decode),
+        deterministic=deterministic)
+    return Residual(self.config, name="ffn_residual")(
+        y, FeedForward(self.config, name="ffn"), deterministic=deterministic)
+
+
+class PositionalEmbedding(nn.Module):
+  """Adds positions (section 3.5; learned ones for Table 3 row E) and applies dropout."""
+  config: object
+
+  @nn.compact
+  def __call__(self, x, offset, *, deterministic: bool):
+    # x: [B, L, D]; offset: first position (the decoding step, else 0)
+    cfg = self.config
+    length = x.shape[1]
+    if cfg.positions == "learned":
+      table = self.param("positions", nn.initializers.normal(0.02), (cfg.max_positions, cfg.d_model))
+    elif cfg.positions == "sinusoidal":
+      table = None
+    else:
+      raise ValueError(f"config.model.positions: unknown value {cfg.positions!r} "
+                       "(expected 'sinusoidal' or 'learned')")
+    if table is None:
+      positions = jnp.asarray(sinusoidal_positions(length, cfg.d_model)) if isinstance(
+          offset, int) and offset == 0 else _sinusoid_at(offset + jnp.arange(length), cfg.d_model)
+    else:
+      positions = jax.lax.dynamic_slice_in_dim(table, offset, length)
+    x = x + positions[None].astype(x.dtype)
+    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+def _sinusoid_at(positions, d_model):
+  """sinusoidal_positions for traced positions (decoding steps): [L] -> [L, D]."""
+  two_i = jnp.arange(0, d_model, 2, dtype=jnp.float32)
+  angle = positions[:, None].astype(jnp.float32) / jnp.power(10000.0, two_i / d_model)
+  return jnp.stack([jnp.sin(angle), jnp.cos(angle)], axis=-1).reshape(len(positions), d_model)
+
+
+class Encoder(nn.Module):
+  config: object
+  embed: nn.Module
+
+  @nn.compact
+  def __call__(self, inputs, *, deterministic: bool):
+    # inputs: [B, S] token ids -> [B, S, D]
+    cfg = self.config
+    x = self.embed(inputs) * math.sqrt(cfg.d_model)  # section 3.4
+    x = PositionalEmbedding(cfg, name="positions")(x, 0, deterministic=deterministic)
+    source_mask = padding_mask(inputs)
+    for i in range(cfg.num_layers):
+      x = EncoderLayer(cfg, name=f"layer_{i}")(x, source_mask, deterministic=deterministic)
+    if cfg.pre_layer_norm:
+      x = nn.LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=x.dtype, name="final_norm")(x)
+    return x
+
+
+class Decoder(nn.Module):
+  config: object
+  embed: nn.Module
+
+  @nn.compact
+  def __call__(self, decoder_inputs, memory, source_mask, *, deterministic: bool,
+               decode: bool = False, cache_length: int = 0):
+    # decoder_inputs: [B, T] (T = 1 when decoding step by step); memory: [B, S, D] -> [B, T, V]
+    cfg = self.config
+    offset = 0
+    if decode:  # the position of this step, kept with the cache
+      is_initialized = self.has_variable("cache", "step")
+      step = self.variable("cache", "step", lambda: jnp.array(0, dtype=jnp.int32))
+      offset = step.value
+      if is_initialized:
+        step.value = step.value + decoder_inputs.shape[1]
+    y = self.embed(decoder_inputs) * math.sqrt(cfg.d_model)
+    y = PositionalEmbedding(cfg, name="positions")(y, offset, deterministic=deterministic)
+    target_mask = causal_mask(decoder_inputs.shape[1]) & padding_mask(decoder_inputs)
+    for i in range(cfg.num_layers):
+      y = DecoderLayer(cfg, name=f"layer_{i}")(
+          y, memory, target_mask, source_mask, deterministic=deterministic, decode=decode,
+          cache_length=cache_length)
+    if cfg.pre_layer_norm:
+      y = nn.LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=y.dtype, name="final_norm")(y)
+    logits = self.embed.attend(y.astype(jnp.float32))  # pre-softmax projection tied (3.4)
+    return logits  # [B, T, V] float32
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder with one embedding matrix for source, target and output (section 3.4)."""
+  config: object
+
+  def setup(self):
+    cfg = self.config
+    self.embed = nn.Embed(cfg.vocab_size, cfg.d_model,
+                          embedding_init=nn.initializers.normal(cfg.d_model ** -0.5),
+                          name="shared_embedding")
+    self.encoder = Encoder(cfg, self.embed, name="encoder")
+    self.decoder = Decoder(cfg, self.embed, name="decoder")
+
+  def __call__(self, inputs, targets, *, train: bool = False):
+    """Teacher-forced logits [B, T, V] for targets [B, T] (ending in EOS, padded with 0)."""
+    memory = self.encode(inputs, train=train)
+    return self.decode(memory, inputs, shift_right(targets), train=train)
+
+  def encode(self, inputs, *, train: bool = False):
+    return self.encoder(inputs, deterministic=not train)
+
+  def decode(self, memory, inputs, decoder_inputs, *, train: bool = False, decode: bool = False,
+             cache_length: int = 0):
+    return self.decoder(decoder_inputs, memory, padding_mask(inputs), deterministic=not train,
+                        decode=decode, cache_length=cache_length)
+
+
+def shift_right(targets: jnp.ndarray) -> jnp.ndarray:
+  """Decoder inputs: BOS followed by the targets without their last position."""
+  bos = jnp.full((targets.shape[0], 1), BOS_ID, dtype=targets.dtype)
+  shifted = jnp.concatenate([bos, targets[:, :-1]], axis=1)
+  # Keep padding where the target is padding, so padded positions stay masked as keys.
+  return jnp.where(targets == PAD_ID, PAD_ID, shifted)

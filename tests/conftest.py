@@ -1,0 +1,20 @@
+"""Shared fixtures: the real data folder (AIAYN_DATA_DIR, set by .ci/run) and small configs."""
+import os
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def data_dir() -> pathlib.Path:
+  path = pathlib.Path(os.environ.get("AIAYN_DATA_DIR") or REPO.parent / "shared" / "data")
+  if not (path / "multi30k").is_dir():
+    raise RuntimeError(f"{path}: not the shared data folder (no multi30k/); set AIAYN_DATA_DIR")
+  os.environ["AIAYN_DATA_DIR"] = str(path)  # the data sources read it too
+  return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+  return data_dir()

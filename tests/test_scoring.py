@@ -1,0 +1,173 @@
+"""Scoring against real system outputs whose BLEU is published (see shared/data/README.md)."""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+from sacremoses import MosesTokenizer
+
+from aiayn_flax import scoring
+from aiayn_flax.data.text_files import read_lines
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA_DIR = pathlib.Path(os.environ.get("AIAYN_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
+WMT14 = DATA_DIR / "wmt14"
+TFNMT = WMT14 / "systems" / "tfnmt_newstest2013_deen"
+OPUSMT_OUTPUT = WMT14 / "systems" / "opusmt_newstest2014_ende" / "newstest2014.eng-deu.output"
+NEWSTEST2014_DE = WMT14 / "newstest2014.de"
+
+pytestmark = pytest.mark.skipif(
+    not WMT14.is_dir(), reason=f"shared data folder not found at {DATA_DIR} (set AIAYN_DATA_DIR)")
+
+# tensorflow/nmt's evaluation_utils_test.py asserts this for deen_output against the reference.
+TFNMT_BLEU = 22.5855084573
+
+
+def tfnmt_hypothesis_tokens():
+  # tensorflow/nmt: line.strip().split(" "), so each of the 3 empty lines is one "" token.
+  return [line.strip().split(" ") for line in read_lines(str(TFNMT / "deen_output"))]
+
+
+def test_tokenized_bleu_matches_tensorflow_nmt_on_bpe_reference():
+  references = [re.sub("@@ ", "", line.strip()).split(" ")
+                for line in read_lines(str(TFNMT / "deen_ref_bpe"))]
+  result = scoring.tokenized_bleu(tfnmt_hypothesis_tokens(), references)
+  assert result["score"] == pytest.approx(TFNMT_BLEU, abs=1e-6)
+  assert (result["hyp_len"], result["ref_len"]) == (63214, 64807)
+
+
+def test_tokenized_bleu_matches_tensorflow_nmt_on_sentencepiece_reference():
+  # tensorflow/nmt's spm cleaning: join the pieces, then "▁" marks the spaces.
+  references = ["".join(line.split()).replace("\u2581", " ").lstrip().split(" ")
+                for line in read_lines(str(TFNMT / "deen_ref_spm"))]
+  result = scoring.tokenized_bleu(tfnmt_hypothesis_tokens(), references)
+  assert result["score"] == pytest.approx(TFNMT_BLEU, abs=1e-6)
+  assert result["hyp_len"] == 63214
+
+
+def test_whitespace_split_drops_empty_tokens_like_sacrebleu_tokenize_none():
+  hypotheses = read_lines(str(TFNMT / "deen_output"))
+  references = [re.sub("@@ ", "", line) for line in read_lines(str(TFNMT / "deen_ref_bpe"))]
+  result = scoring.tokenized_bleu([h.split() for h in hypotheses],
+                                  [r.split() for r in references])
+  assert result["score"] == pytest.approx(22.584677521, abs=1e-6)
+  assert result["hyp_len"] == 63211
+  # The README's sacreBLEU line (default exp smoothing: no count is zero, so no effect).
+  expected = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="none", force=True)
+  assert result["score"] == pytest.approx(expected.score, abs=1e-9)
+  assert (expected.sys_len, expected.ref_len) == (63211, 64807)
+
+
+def test_tokenized_bleu_counts_empty_tokens_and_tokens_with_spaces_as_given():
+  hypothesis = [["", "a b", "c"]]
+  result = scoring.tokenized_bleu(hypothesis, [["", "a b", "c"]])
+  assert result["hyp_len"] == 3
+  assert result["counts"][:3] == [3, 2, 1]
+  # "a b" is one token: it must not match the two tokens "a", "b".
+  assert scoring.tokenized_bleu(hypothesis, [["a", "b"]])["counts"][0] == 0
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("well-known", "well ##AT##-##AT## known"),
+    ("Nord-Süd-Gefälle ist gut-bekannt",
+     "Nord ##AT##-##AT## Süd ##AT##-##AT## Gefälle ist gut ##AT##-##AT## bekannt"),
+    ("2013-2014", "2013 ##AT##-##AT## 2014"),
+    ("Gutach - Noch mehr", "Gutach - Noch mehr"),  # a free-standing dash is not a compound
+    ("-5 und Ost-", "-5 und Ost-"),  # nothing on one side
+    ("a -b c- d", "a -b c- d"),
+    # tensor2tensor's perl rule, copied on purpose: any non-space character counts...
+    ("U.S.-Wahl", "U.S. ##AT##-##AT## Wahl"),
+    # ...and matches do not overlap: a one-character middle part is used up by the first match.
+    ("Howl-O-Scream", "Howl ##AT##-##AT## O-Scream"),
+])
+def test_split_compounds_follows_tensor2tensor(text, expected):
+  assert scoring.split_compounds(text) == expected
+
+
+@pytest.fixture(scope="module")
+def opusmt_scores():
+  return scoring.score_files(str(OPUSMT_OUTPUT), str(NEWSTEST2014_DE), "de")
+
+
+def test_opusmt_sacrebleu_matches_its_published_score(opusmt_scores):
+  # Published: BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.0.0 = 27.6
+  # 58.6/33.3/21.2/14.0 (BP = 1.000 ratio = 1.032 hyp_len = 64669 ref_len = 62688), chrF2 0.58438.
+  assert round(opusmt_scores["sacrebleu"], 5) == pytest.approx(27.59844, abs=1e-4)
+  signature = opusmt_scores["sacrebleu_signature"]
+  assert "tok:13a" in signature and "case:mixed" in signature and "smooth:exp" in signature
+  details = opusmt_scores["sacrebleu_details"]
+  assert [round(p, 1) for p in details["precisions"]] == [58.6, 33.3, 21.2, 14.0]
+  assert (details["hyp_len"], details["ref_len"], details["bp"]) == (64669, 62688, 1.0)
+  assert opusmt_scores["chrf"] == pytest.approx(58.43772, abs=1e-4)
+  assert "nc:6" in opusmt_scores["chrf_signature"]
+
+
+def test_opusmt_sacrebleu_equals_the_sacrebleu_command_line(opusmt_scores):
+  command = pathlib.Path(sys.executable).parent / "sacrebleu"
+  output = subprocess.run(
+      [str(command), str(NEWSTEST2014_DE), "-i", str(OPUSMT_OUTPUT), "-m", "bleu", "-b", "-w", "5"],
+      check=True, capture_output=True, text=True).stdout
+  assert output.strip() == f"{opusmt_scores['sacrebleu']:.5f}"
+
+
+def test_opusmt_paper_protocol_regression(opusmt_scores):
+  # Regression value, measured with this module (sacremoses 0.2.0, sacrebleu 2.6.0) via
+  # score_files(OPUS-MT output, newstest2014.de, "de"): 28.17813139 59.4/33.9/21.7/14.4,
+  # hyp_len 66072, ref_len 64496. Compound splitting adds ~1400 easy tokens on each side,
+  # which is why it reads 0.58 above sacreBLEU.
+  assert opusmt_scores["tokenized_bleu"] == pytest.approx(28.17813139, abs=1e-4)
+  details = opusmt_scores["tokenized_bleu_details"]
+  assert (details["hyp_len"], details["ref_len"]) == (66072, 64496)
+  assert "smooth:none" in details["signature"] and "tok:none" in details["signature"]
+  assert "##AT##" in opusmt_scores["tokenized_bleu_protocol"]
+
+
+def test_moses_escaping_does_not_change_paper_bleu(opusmt_scores):
+  # Why escape=True is safe to mirror tokenizer.perl: the same score without escaping.
+  tokenizer = MosesTokenizer(lang="de")
+
+  def unescaped_tokens(path):
+    return [
+        scoring.split_compounds(tokenizer.tokenize(line, escape=False, return_str=True)).split()
+        for line in read_lines(str(path))]
+
+  result = scoring.tokenized_bleu(
+      unescaped_tokens(OPUSMT_OUTPUT), unescaped_tokens(NEWSTEST2014_DE))
+  assert result["score"] == opusmt_scores["tokenized_bleu"]
+  assert "&quot;" in scoring.moses_tokenize('"Ja"', "de")
+
+
+def test_scores_are_json_serialisable_and_readable(opusmt_scores):
+  assert json.loads(json.dumps(opusmt_scores)) == opusmt_scores
+  text = scoring.format_scores(opusmt_scores)
+  assert "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp" in text and "= 27.60" in text
+  assert "chrF2|" in text and "= 58.44" in text
+  assert "tokenized BLEU (paper protocol) = 28.18" in text and "##AT##" in text
+
+
+def test_reference_scored_against_itself_is_100():
+  reference = read_lines(str(NEWSTEST2014_DE))
+  scores = scoring.score_translations(reference, reference, "de")
+  assert scores["sacrebleu"] == pytest.approx(100.0)
+  assert scores["sacrebleu_details"]["ref_len"] == 62688
+  assert scores["tokenized_bleu"] == pytest.approx(100.0)
+  assert scores["chrf"] == pytest.approx(100.0)
+
+
+def test_score_files_names_both_files_and_counts_on_length_mismatch(tmp_path):
+  short_output = tmp_path / "short.de"
+  short_output.write_text("Gutach: Noch mehr Sicherheit für Fußgänger\nZweite Zeile\n", "utf-8")
+  with pytest.raises(ValueError) as error:
+    scoring.score_files(str(short_output), str(NEWSTEST2014_DE), "de")
+  message = str(error.value)
+  assert str(short_output) in message and str(NEWSTEST2014_DE) in message
+  assert "2 lines" in message and "3003 lines" in message
+
+
+def test_score_translations_names_both_counts_on_length_mismatch():
+  with pytest.raises(ValueError, match=r"2 hypotheses but 3 references"):
+    scoring.score_translations(["a", "b"], ["a", "b", "c"], "de")

@@ -1,0 +1,35 @@
+"""Train a Transformer: python train.py --config=configs/base.py --workdir=runs/base
+
+Any config field can be overridden: --config.num_train_steps=1000 --config.mesh=data:4,model:2.
+--dry_run prints the plan (parameters, batch, mesh, FLOPs) without building the model.
+"""
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/base.py[:ROW].",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics.")
+flags.DEFINE_bool("dry_run", False, "Print the run's plan and exit without training.")
+flags.mark_flags_as_required(["config"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  from aiayn_flax import dry_run, trainer  # after flag parsing: keeps --help fast
+  config = FLAGS.config
+  if FLAGS.dry_run:
+    print(dry_run.plan_text(config))
+    return
+  if not FLAGS.workdir:
+    raise app.UsageError("--workdir is required to train")
+  summary = trainer.train_and_evaluate(config, FLAGS.workdir)
+  logging.info("finished: %s", summary)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-PAD_ID = 0
-BOS_ID = 3  # the decoder's first input; see aiayn_flax/data/vocabulary.py for the id table
+from aiayn_flax.data.vocabulary import BOS_ID, PAD_ID  # BOS is the decoder's first input
 
 _xavier = nn.initializers.xavier_uniform()
 _LAYER_NORM_EPSILON = 1e-6

@@ -52,7 +52,8 @@ def evaluate_translations(translator, params, sources, references) -> dict:
   translator.params = params
   hypotheses = translator.translate(sources)
   exact = float(np.mean([h == r for h, r in zip(hypotheses, references)]))
-  return {"bleu": scoring.sacrebleu_scores(hypotheses, references)["bleu"], "exact_match": exact}
+  return {"bleu": scoring.sacrebleu_scores(hypotheses, references)["bleu"]["score"],
+          "exact_match": exact}
 
 
 def train_and_evaluate(config, workdir: str) -> dict:

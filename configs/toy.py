@@ -1,7 +1,7 @@
 """Seconds-long synthetic task for tests: reverse a random sequence of symbols.
 
 No text, no SentencePiece: token ids are the symbols themselves (ids below 4 are reserved for
-pad, EOS, UNK, BOS). A 2+2-layer model learns it to >= 95% exact match in well under 2 minutes.
+pad, EOS, UNK, BOS). A 2+2-layer model learns it to >= 95% exact match in about a minute.
 """
 from configs import base
 
@@ -22,13 +22,13 @@ def get_config():
   c.model.update(vocab_size=20, d_model=64, d_ff=128, num_heads=4, num_layers=2,
                  dropout_rate=0.0)
   c.label_smoothing = 0.0
-  c.warmup_steps = 100
-  c.learning_rate_scale = 2.0
+  c.warmup_steps = 200
+  c.learning_rate_scale = 0.5  # peak 4.4e-3: scale 2 (the quick start's) diverges at d_model 64
   c.tokens_per_batch = 512
-  c.num_train_steps = 600
+  c.num_train_steps = 1000
   c.log_every_steps = 100
-  c.eval_every_steps = 600
-  c.checkpoint_every_steps = 300
+  c.eval_every_steps = 1000
+  c.checkpoint_every_steps = 500
   c.keep_checkpoints = 2
   c.average_last_checkpoints = 1
   c.eval_bleu_sentences = 0  # exact match, not BLEU, is the toy's metric

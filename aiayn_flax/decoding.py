@@ -1,0 +1,289 @@
+"""Autoregressive decoding: greedy search, and beam search with the GNMT length penalty.
+
+Both searches know nothing about the model. They drive it through one callback:
+
+  tokens_to_logits(ids: int32[N, 1], cache) -> (logits: float[N, V], new_cache)
+
+`ids` holds, for each of the N rows, the token emitted at the previous step (BOS at the first
+step); `cache` is whatever the model needs to go on (self-attention keys/values, encoder output
+and padding mask, a position counter...). The cache contract:
+
+  * every array leaf with ndim >= 1 has the rows (N) on its leading axis: beam search repeats
+    those rows for the beams (`expand_to_beams`) and reorders them when hypotheses change
+    parents (`gather_beams`);
+  * scalar leaves (ndim 0, e.g. the current decoding position) are shared by all rows and are
+    passed through untouched.
+
+The searches run a fixed number of rows every step (static shapes under `jax.jit`), so rows
+that have nothing left to say are still fed a token: PAD for finished rows in greedy search, an
+arbitrary token for empty beams. Their logits are ignored.
+
+Conventions shared by both searches:
+
+  * outputs hold generated tokens only (no BOS): each hypothesis ends with EOS, then PAD (0);
+  * sentence b emits at most `min(max_lengths[b], max_decode_len)` tokens, EOS included: at its
+    last allowed step every token but EOS is masked out (EOS keeps the model's log-prob, as in
+    fairseq), so every hypothesis returned is complete;
+  * log-probabilities are computed in float32 whatever the dtype of the logits.
+"""
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+PAD_ID = 0
+NEG_INF = float("-inf")  # log-prob of an impossible or empty hypothesis
+
+Cache = Any  # a pytree, see the module docstring
+TokensToLogits = Callable[[jax.Array, Cache], tuple[jax.Array, Cache]]
+
+
+def length_penalty(length, alpha):
+  """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016, eq. 14).
+
+  A hypothesis' score is its log-prob divided by this; `length` counts generated tokens, EOS
+  included. alpha = 0 gives plain log-probs; alpha > 0 favours longer hypotheses.
+  """
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def expand_to_beams(tree: Cache, beam_size: int) -> Cache:
+  """Repeats each row beam_size times: leaves [B, ...] -> [B * beam_size, ...].
+
+  Row b * beam_size + k of the result is beam k of sentence b. Scalar leaves are shared and
+  returned untouched.
+  """
+  def expand(leaf):
+    if jnp.ndim(leaf) == 0:
+      return leaf
+    return jnp.repeat(leaf, beam_size, axis=0)  # [B * K, ...]
+  return jax.tree.map(expand, tree)
+
+
+def _select_beams(x: jax.Array, beam_indices: jax.Array) -> jax.Array:
+  """Picks beams per sentence: x [B, M, ...], beam_indices int32[B, N] -> [B, N, ...]."""
+  batch_index = jnp.arange(x.shape[0])[:, None]  # [B, 1]
+  return x[batch_index, beam_indices]  # [B, N, ...]
+
+
+def gather_beams(tree: Cache, beam_indices: jax.Array) -> Cache:
+  """Reorders cache rows by beam: leaves [B * M, ...] -> [B * N, ...].
+
+  Row b * N + n of the result is row b * M + beam_indices[b, n] of the input: beam n of
+  sentence b continues from beam beam_indices[b, n]. Scalar leaves are returned untouched.
+  """
+  batch_size = beam_indices.shape[0]
+
+  def gather(leaf):
+    if jnp.ndim(leaf) == 0:
+      return leaf
+    per_sentence = leaf.reshape(batch_size, -1, *leaf.shape[1:])  # [B, M, ...]
+    chosen = _select_beams(per_sentence, beam_indices)  # [B, N, ...]
+    return chosen.reshape(-1, *leaf.shape[1:])  # [B * N, ...]
+  return jax.tree.map(gather, tree)
+
+
+def _last_allowed_steps(max_lengths, max_decode_len: int) -> jax.Array:
+  """int32[B]: the step at which each sentence must emit EOS (at the latest)."""
+  max_lengths = jnp.asarray(max_lengths, jnp.int32)
+  return jnp.clip(max_lengths, 1, max_decode_len) - 1  # [B]
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy search
+
+
+class _GreedyState(NamedTuple):
+  step: jax.Array  # int32[]: tokens generated so far; the next one goes to sequences[:, step]
+  last_ids: jax.Array  # int32[B]: the token fed to the model at the next step
+  sequences: jax.Array  # int32[B, L]: generated tokens, PAD after EOS and beyond `step`
+  finished: jax.Array  # bool[B]: whether the row has emitted EOS
+  cache: Cache  # leaves [B, ...]
+
+
+def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax.Array,
+                  max_decode_len: int, bos_id: int, eos_id: int) -> jax.Array:
+  """Picks the most likely token at every step.
+
+  Args:
+    tokens_to_logits: the model, see the module docstring.
+    cache: the model's state before the first step, leaves [B, ...] (scalars shared).
+    max_lengths: int32[B], the most tokens (EOS included) row b may generate.
+    max_decode_len: static length of the output buffer.
+    bos_id, eos_id: token ids fed first / ending a sentence.
+
+  Returns:
+    int32[B, max_decode_len]: the generated tokens, EOS included, PAD after it. The loop stops
+    as soon as every row has emitted EOS.
+  """
+  batch_size = jnp.shape(max_lengths)[0]
+  last_steps = _last_allowed_steps(max_lengths, max_decode_len)  # [B]
+
+  def not_done(state: _GreedyState):
+    return (state.step < max_decode_len) & ~jnp.all(state.finished)
+
+  def decode_one_token(state: _GreedyState) -> _GreedyState:
+    logits, cache = tokens_to_logits(state.last_ids[:, None], state.cache)  # [B, V]
+    next_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B]
+    next_ids = jnp.where(state.step >= last_steps, eos_id, next_ids)  # [B]: forced EOS
+    next_ids = jnp.where(state.finished, PAD_ID, next_ids)  # [B]: nothing after EOS
+    sequences = lax.dynamic_update_index_in_dim(
+        state.sequences, next_ids, state.step, axis=1)  # [B, L]
+    return _GreedyState(
+        step=state.step + 1,
+        last_ids=next_ids,
+        sequences=sequences,
+        finished=state.finished | (next_ids == eos_id),
+        cache=cache)
+
+  initial = _GreedyState(
+      step=jnp.array(0, jnp.int32),
+      last_ids=jnp.full((batch_size,), bos_id, jnp.int32),
+      sequences=jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
+      finished=jnp.zeros((batch_size,), bool),
+      cache=cache)
+  return lax.while_loop(not_done, decode_one_token, initial).sequences
+
+
+# --------------------------------------------------------------------------------------------
+# Beam search
+
+
+class _BeamState(NamedTuple):
+  """The loop state: K alive and K finished hypotheses per sentence, each set sorted best first.
+
+  Empty slots (fewer hypotheses than K so far) hold log-prob / score -inf.
+  """
+  step: jax.Array  # int32[]: tokens generated so far by every alive hypothesis
+  alive_seqs: jax.Array  # int32[B, K, L]: generated tokens (no EOS yet), PAD beyond `step`
+  alive_log_probs: jax.Array  # float32[B, K]: sum of the tokens' log-probs
+  alive_cache: Cache  # leaves [B * K, ...]: the model's state of each alive hypothesis
+  finished_seqs: jax.Array  # int32[B, K, L]: ending with EOS, PAD after it
+  finished_scores: jax.Array  # float32[B, K]: log-prob / length_penalty(length)
+
+
+def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax.Array,
+                max_decode_len: int, bos_id: int, eos_id: int, beam_size: int,
+                alpha: float = 0.6) -> tuple[jax.Array, jax.Array]:
+  """Beam search with the GNMT length penalty, as in tensor2tensor, with fairseq's EOS rule.
+
+  Each sentence keeps K = beam_size alive hypotheses (no EOS yet) and the K best finished ones
+  (ending with EOS). One step, per sentence:
+
+    1. score the V one-token extensions of each alive hypothesis: K * V candidates;
+    2. keep the best 2K: each parent has only one EOS extension, so at least K of them go on;
+    3. the best K that do not end with EOS become the new alive hypotheses, and their cache rows
+       are gathered from their parents;
+    4. the candidates ending with EOS that rank in the step's best K (those a beam of K would
+       hold, as in fairseq) are finished: scored log-prob / length_penalty(length) and merged
+       into the K best finished ones. Without the rank condition, beam_size=1 would not be
+       greedy search: it would keep an early EOS that greedy search passed over.
+
+  A sentence is done when its finished set is full and no alive hypothesis can still beat the
+  worst of it, or when it has no alive hypothesis left (all have reached the sentence's max
+  length). Log-probs only fall as a hypothesis grows, so an alive hypothesis' best possible
+  final score is its log-prob today divided by the largest length penalty it may still get
+  (at the sentence's max length when alpha >= 0). The loop stops when every sentence is done,
+  or after max_decode_len steps. Stopping early never changes the result.
+
+  Args:
+    tokens_to_logits: the model, see the module docstring.
+    cache: the model's state before the first step, leaves [B, ...] (scalars shared); it is
+      expanded to [B * beam_size, ...] here.
+    max_lengths: int32[B], the most tokens (EOS included) sentence b may generate.
+    max_decode_len: static length of the output buffer.
+    bos_id, eos_id: token ids fed first / ending a sentence.
+    beam_size: static K.
+    alpha: length-penalty exponent (0.6 in the paper's setup); may be traced.
+
+  Returns:
+    sequences int32[B, K, max_decode_len] (tokens, EOS included, PAD after it) and scores
+    float32[B, K], best first. A sentence with fewer than K possible hypotheses (a tiny max
+    length) has empty slots: score -inf, sequence all PAD.
+  """
+  batch_size = jnp.shape(max_lengths)[0]
+  last_steps = _last_allowed_steps(max_lengths, max_decode_len)  # [B]
+  k = beam_size
+
+  def not_done(state: _BeamState):
+    best_alive = state.alive_log_probs[:, 0]  # [B]
+    # The largest penalty an alive hypothesis may still get: its length will lie in
+    # [step + 1, last_step + 1], and the penalty is monotonic in length.
+    largest_penalty = jnp.maximum(length_penalty(state.step + 1, alpha),
+                                  length_penalty(last_steps + 1, alpha))  # [B]
+    best_possible_score = best_alive / largest_penalty  # [B]
+    worst_finished = state.finished_scores[:, -1]  # [B]: -inf until the set is full
+    sentence_done = (best_possible_score < worst_finished) | (best_alive == NEG_INF)  # [B]
+    return (state.step < max_decode_len) & ~jnp.all(sentence_done)
+
+  def decode_one_token(state: _BeamState) -> _BeamState:
+    step = state.step
+    # 1. Log-probs of all one-token extensions of the alive hypotheses.
+    previous_ids = lax.dynamic_index_in_dim(
+        state.alive_seqs, jnp.maximum(step - 1, 0), axis=2, keepdims=False)  # [B, K]
+    ids = jnp.where(step == 0, bos_id, previous_ids).reshape(batch_size * k, 1)  # [B*K, 1]
+    logits, new_cache = tokens_to_logits(ids, state.alive_cache)  # [B*K, V]
+    vocab_size = logits.shape[-1]
+    if vocab_size < 2:
+      raise ValueError("beam search needs a vocabulary of at least 2 tokens")
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))  # [B*K, V]
+    log_probs = log_probs.reshape(batch_size, k, vocab_size)  # [B, K, V]
+    # At a sentence's last allowed step, only EOS may follow.
+    is_eos_token = jnp.arange(vocab_size) == eos_id  # [V]
+    must_end = (step >= last_steps)[:, None, None]  # [B, 1, 1]
+    log_probs = jnp.where(must_end & ~is_eos_token, NEG_INF, log_probs)  # [B, K, V]
+    candidate_log_probs = state.alive_log_probs[:, :, None] + log_probs  # [B, K, V]
+
+    # 2. The best 2K candidates, best first.
+    top_log_probs, top_flat_index = lax.top_k(
+        candidate_log_probs.reshape(batch_size, k * vocab_size), 2 * k)  # [B, 2K]
+    top_parents = top_flat_index // vocab_size  # [B, 2K]: which alive hypothesis
+    top_tokens = (top_flat_index % vocab_size).astype(jnp.int32)  # [B, 2K]: which token
+    top_seqs = _select_beams(state.alive_seqs, top_parents)  # [B, 2K, L]
+    top_seqs = lax.dynamic_update_index_in_dim(top_seqs, top_tokens, step, axis=2)  # [B, 2K, L]
+    top_is_eos = top_tokens == eos_id  # [B, 2K]
+
+    # 3. Alive: the best K candidates that go on.
+    alive_log_probs, alive_picks = lax.top_k(
+        jnp.where(top_is_eos, NEG_INF, top_log_probs), k)  # [B, K], indices into the 2K
+    alive_seqs = _select_beams(top_seqs, alive_picks)  # [B, K, L]
+    alive_parents = _select_beams(top_parents, alive_picks)  # [B, K]
+    alive_cache = gather_beams(new_cache, alive_parents)  # leaves [B*K, ...]
+
+    # 4. Finished: EOS candidates among the step's best K, merged with the finished set.
+    new_scores = jnp.where(top_is_eos[:, :k],
+                           top_log_probs[:, :k] / length_penalty(step + 1, alpha),
+                           NEG_INF)  # [B, K]
+    merged_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [B, 2K]
+    merged_seqs = jnp.concatenate([state.finished_seqs, top_seqs[:, :k]], axis=1)  # [B, 2K, L]
+    finished_scores, finished_picks = lax.top_k(merged_scores, k)  # [B, K]
+    finished_seqs = _select_beams(merged_seqs, finished_picks)  # [B, K, L]
+
+    return _BeamState(
+        step=step + 1,
+        alive_seqs=alive_seqs,
+        alive_log_probs=alive_log_probs,
+        alive_cache=alive_cache,
+        finished_seqs=finished_seqs,
+        finished_scores=finished_scores)
+
+  # All K beams start from BOS; only the first is live, so that the first step does not
+  # propose the same extension K times.
+  first_beam_only = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF)  # [K]
+  initial = _BeamState(
+      step=jnp.array(0, jnp.int32),
+      alive_seqs=jnp.full((batch_size, k, max_decode_len), PAD_ID, jnp.int32),
+      alive_log_probs=jnp.tile(first_beam_only, (batch_size, 1)),  # [B, K]
+      alive_cache=expand_to_beams(cache, k),  # leaves [B*K, ...]
+      finished_seqs=jnp.full((batch_size, k, max_decode_len), PAD_ID, jnp.int32),
+      finished_scores=jnp.full((batch_size, k), NEG_INF, jnp.float32))
+  final = lax.while_loop(not_done, decode_one_token, initial)
+
+  # Every hypothesis that can end has ended: EOS is forced at each sentence's last allowed
+  # step (which is within max_decode_len), and the early stop only fires once nothing alive
+  # can enter the finished set. So the finished set is the answer; slots left empty (fewer
+  # than K possible hypotheses) are made all PAD.
+  is_filled = (final.finished_scores > NEG_INF)[:, :, None]  # [B, K, 1]
+  sequences = jnp.where(is_filled, final.finished_seqs, PAD_ID)  # [B, K, L]
+  return sequences, final.finished_scores

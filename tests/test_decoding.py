@@ -1,0 +1,346 @@
+"""Greedy and beam search against a toy model whose probabilities are known exactly.
+
+The toy model is a second-order Markov chain over 5 tokens: the next token's logits are
+`table[previous, last] + step * step_bias`, one table per sentence. Its state lives in the
+cache ("previous" per row, "step" as a shared scalar leaf, and the tables themselves as row
+leaves), so beam search must reorder the cache rows correctly to get the scores right. Small
+enough to enumerate every hypothesis in Python and compare beam search with exhaustive search.
+"""
+import functools
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from aiayn_flax import decoding
+
+PAD, BOS, EOS, A, B = 0, 1, 2, 3, 4
+VOCAB_SIZE = 5
+WORDS = (A, B)  # PAD and BOS get probability 0 as outputs
+
+_calls = [0]  # tokens_to_logits invocations, counted on the host
+
+
+def _count_call():
+  _calls[0] += 1
+
+
+def markov_tokens_to_logits(ids, cache):
+  """The toy model as a decoding callback: ids int32[N, 1] -> logits float32[N, V]."""
+  jax.debug.callback(_count_call)
+  last = ids[:, 0]  # [N]
+  rows = jnp.arange(last.shape[0])  # [N]
+  logits = cache["table"][rows, cache["previous"], last]  # [N, V]
+  logits = logits + cache["step"] * cache["step_bias"]  # [N, V]
+  new_cache = dict(cache, previous=last, step=cache["step"] + 1)
+  return logits, new_cache
+
+
+def initial_cache(tables, step_biases):
+  """The toy model's state before decoding, for sentences with tables [B, V, V, V]."""
+  tables = jnp.asarray(np.stack(tables), jnp.float32)
+  return {
+      "table": tables,  # [B, V, V, V]
+      "step_bias": jnp.asarray(np.stack(step_biases), jnp.float32),  # [B, V]
+      "previous": jnp.full((tables.shape[0],), BOS, jnp.int32),  # [B]
+      "step": jnp.array(0, jnp.int32),  # shared scalar leaf
+  }
+
+
+def random_table(seed, eos_shift=0.0):
+  """Random logits table [V, V, V] with step bias [V]; PAD and BOS never emitted."""
+  rng = np.random.RandomState(seed)
+  table = rng.normal(0.0, 1.5, (VOCAB_SIZE,) * 3)
+  table[..., EOS] += eos_shift
+  table[..., [PAD, BOS]] = -np.inf
+  step_bias = rng.normal(0.0, 0.3, VOCAB_SIZE)
+  return table, step_bias
+
+
+def first_order_table(next_token_probs):
+  """Logits table [V, V, V] from {last token: {next token: probability}}; no step bias."""
+  table = np.full((VOCAB_SIZE,) * 3, -np.inf)
+  for last, probs in next_token_probs.items():
+    for token, prob in probs.items():
+      table[:, last, token] = math.log(prob)
+  return table, np.zeros(VOCAB_SIZE)
+
+
+@functools.partial(jax.jit, static_argnames=("max_decode_len", "beam_size"))
+def run_beam_search(cache, max_lengths, alpha, max_decode_len, beam_size):
+  return decoding.beam_search(markov_tokens_to_logits, cache, max_lengths, max_decode_len,
+                              BOS, EOS, beam_size, alpha)
+
+
+@functools.partial(jax.jit, static_argnames=("max_decode_len",))
+def run_greedy(cache, max_lengths, max_decode_len):
+  return decoding.greedy_decode(markov_tokens_to_logits, cache, max_lengths, max_decode_len,
+                                BOS, EOS)
+
+
+def count_calls(fn, *args, **kwargs):
+  """fn's result and how many times it called the model."""
+  _calls[0] = 0
+  result = jax.block_until_ready(fn(*args, **kwargs))
+  jax.effects_barrier()
+  return result, _calls[0]
+
+
+def exhaustive_search(table, step_bias, max_length, alpha):
+  """Every complete hypothesis of up to max_length tokens, as (score, tokens), best first."""
+  def log_softmax(x):
+    x = x - x[np.isfinite(x)].max()
+    return x - np.log(np.exp(x).sum())
+
+  hypotheses = []
+  for length in range(1, max_length + 1):
+    for words in itertools.product(WORDS, repeat=length - 1):
+      tokens = list(words) + [EOS]
+      previous, last, log_prob = BOS, BOS, 0.0
+      for step, token in enumerate(tokens):
+        log_prob += log_softmax(table[previous, last] + step * step_bias)[token]
+        previous, last = last, token
+      score = log_prob / ((5 + length) / 6) ** alpha
+      hypotheses.append((score, tokens))
+  return sorted(hypotheses, key=lambda h: -h[0])
+
+
+def padded(tokens, max_decode_len):
+  return tokens + [PAD] * (max_decode_len - len(tokens))
+
+
+# --------------------------------------------------------------------------------------------
+# Known answers
+
+
+def test_length_penalty_is_gnmt():
+  assert float(decoding.length_penalty(1, 0.6)) == pytest.approx(1.0)
+  assert float(decoding.length_penalty(7, 0.6)) == pytest.approx(2.0 ** 0.6)
+  assert float(decoding.length_penalty(20, 0.0)) == 1.0
+
+
+# "EOS" at once is likelier than "A EOS", but only a little: the length penalty flips them.
+SHORT_OR_LONG = first_order_table({
+    BOS: {EOS: 0.46, A: 0.44, B: 0.10},
+    A: {EOS: 0.99, A: 0.005, B: 0.005},
+    B: {EOS: 0.5, A: 0.25, B: 0.25},
+})
+
+
+@pytest.mark.parametrize("alpha, best, second", [
+    (0.0, ([EOS], math.log(0.46)), ([A, EOS], math.log(0.44 * 0.99))),
+    (0.6, ([A, EOS], math.log(0.44 * 0.99) / (7 / 6) ** 0.6), ([EOS], math.log(0.46))),
+    (1.0, ([A, EOS], math.log(0.44 * 0.99) / (7 / 6)), ([EOS], math.log(0.46))),
+])
+def test_length_penalty_changes_the_winner(alpha, best, second):
+  cache = initial_cache(*zip(SHORT_OR_LONG))
+  sequences, scores = run_beam_search(cache, jnp.array([4]), alpha, max_decode_len=5,
+                                      beam_size=2)
+  assert sequences.shape == (1, 2, 5) and scores.shape == (1, 2)
+  assert sequences[0].tolist() == [padded(best[0], 5), padded(second[0], 5)]
+  np.testing.assert_allclose(scores[0], [best[1], second[1]], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_wide_beam_equals_exhaustive_search(alpha):
+  # Two sentences with their own tables and max lengths. A beam of 32 holds every candidate
+  # (at most 8 prefixes x 3 tokens per step), so it must find all hypotheses: 31 for max
+  # length 5 (one slot left empty) and 7 for max length 3.
+  seeds, max_lengths, max_decode_len, beam_size = (1, 2), (5, 3), 7, 32
+  tables = [random_table(seed) for seed in seeds]
+  cache = initial_cache(*zip(*tables))
+  sequences, scores = run_beam_search(cache, jnp.array(max_lengths), alpha,
+                                      max_decode_len=max_decode_len, beam_size=beam_size)
+  for b, ((table, step_bias), max_length) in enumerate(zip(tables, max_lengths)):
+    expected = exhaustive_search(table, step_bias, max_length, alpha)
+    n = len(expected)
+    assert sequences[b, :n].tolist() == [padded(tokens, max_decode_len)
+                                         for _, tokens in expected]
+    np.testing.assert_allclose(scores[b, :n], [h[0] for h in expected], rtol=1e-5, atol=1e-5)
+    # Empty slots: score -inf and no tokens.
+    assert np.all(np.asarray(scores[b, n:]) == -np.inf)
+    assert np.all(np.asarray(sequences[b, n:]) == PAD)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_narrow_beam_finds_the_best_hypothesis_on_easy_tables(alpha):
+  # With a peaked table, a beam of 3 keeps the exhaustive top hypothesis.
+  table, step_bias = random_table(7)
+  table *= 2.0
+  cache = initial_cache([table], [step_bias])
+  sequences, scores = run_beam_search(cache, jnp.array([5]), alpha, max_decode_len=5,
+                                      beam_size=3)
+  best_score, best_tokens = exhaustive_search(table, step_bias, 5, alpha)[0]
+  assert sequences[0, 0].tolist() == padded(best_tokens, 5)
+  np.testing.assert_allclose(scores[0, 0], best_score, rtol=1e-5, atol=1e-5)
+  assert np.all(np.diff(np.asarray(scores[0])) <= 0)  # best first
+
+
+# --------------------------------------------------------------------------------------------
+# EOS, max lengths and early stop
+
+
+def assert_well_formed(rows, max_lengths):
+  """Each row: words, then one EOS within its max length, then only PAD."""
+  for row, max_length in zip(rows, max_lengths):
+    row = list(row)
+    assert EOS in row, row
+    length = row.index(EOS) + 1
+    assert length <= max_length, row
+    assert all(t in WORDS for t in row[:length - 1]), row
+    assert all(t == PAD for t in row[length:]), row
+
+
+def test_max_length_forces_eos_and_pad_follows():
+  # EOS is nearly impossible, so greedy search and the best beam run to the max length.
+  tables = [random_table(seed, eos_shift=-30.0) for seed in (3, 4, 5)]
+  cache = initial_cache(*zip(*tables))
+  max_lengths, max_decode_len = [2, 4, 9], 6  # 9 is clipped to the buffer's 6
+  greedy = run_greedy(cache, jnp.array(max_lengths), max_decode_len=max_decode_len)
+  sequences, scores = run_beam_search(cache, jnp.array(max_lengths), 0.6,
+                                      max_decode_len=max_decode_len, beam_size=3)
+  assert_well_formed(np.asarray(greedy), max_lengths)
+  for row_beams, max_length in zip(np.asarray(sequences), max_lengths):
+    assert_well_formed(row_beams, [max_length] * len(row_beams))
+  expected_lengths = [min(m, max_decode_len) for m in max_lengths]
+  assert [list(row).index(EOS) + 1 for row in np.asarray(greedy)] == expected_lengths
+  assert [list(row).index(EOS) + 1 for row in np.asarray(sequences[:, 0])] == expected_lengths
+  assert np.all(np.isfinite(np.asarray(scores)))
+
+
+def test_random_outputs_are_well_formed():
+  tables = [random_table(seed, eos_shift=1.0) for seed in range(10, 14)]
+  cache = initial_cache(*zip(*tables))
+  max_lengths = [1, 3, 5, 8]
+  greedy = run_greedy(cache, jnp.array(max_lengths), max_decode_len=8)
+  assert_well_formed(np.asarray(greedy), max_lengths)
+  sequences, _ = run_beam_search(cache, jnp.array(max_lengths), 0.6, max_decode_len=8,
+                                 beam_size=4)
+  for row_beams, max_length in zip(np.asarray(sequences), max_lengths):
+    filled = [row for row in row_beams if EOS in row]
+    assert len(filled) == min(4, 2 ** max_length - 1)  # all possible, up to the beam size
+    assert_well_formed(filled, [max_length] * len(filled))
+
+
+# EOS is very likely at once: both searches can stop long before the buffer is full.
+EARLY_EOS = first_order_table({
+    BOS: {EOS: 0.98, A: 0.012, B: 0.008},
+    A: {EOS: 0.9, A: 0.05, B: 0.05},
+    B: {EOS: 0.9, A: 0.05, B: 0.05},
+})
+
+
+def test_searches_stop_when_every_hypothesis_is_finished():
+  cache = initial_cache(*zip(EARLY_EOS, EARLY_EOS))
+  max_lengths, max_decode_len = jnp.array([20, 12]), 20
+
+  greedy, greedy_calls = count_calls(run_greedy, cache, max_lengths,
+                                     max_decode_len=max_decode_len)
+  assert greedy_calls == 1  # both rows emit EOS at the first step
+  assert greedy[:, :2].tolist() == [[EOS, PAD], [EOS, PAD]]
+
+  (sequences, scores), beam_calls = count_calls(
+      run_beam_search, cache, max_lengths, 0.6, max_decode_len=max_decode_len, beam_size=2)
+  # Step 1 finishes "EOS"; step 2 finishes "A EOS" (score log(0.012 * 0.9) / 1.097 = -4.13),
+  # filling the set, but "A A" (log(0.012 * 0.05) = -7.42) might still reach -7.42 / 2.35 =
+  # -3.15 at 20 tokens; after step 3 the best alive can at most reach -10.4 / 2.35 = -4.42.
+  assert beam_calls == 3
+  assert sequences[0, :, :3].tolist() == [[EOS, PAD, PAD], [A, EOS, PAD]]
+  np.testing.assert_allclose(
+      scores[0], [math.log(0.98), math.log(0.012 * 0.9) / (7 / 6) ** 0.6], rtol=1e-5)
+
+
+def test_early_stop_does_not_change_the_result():
+  # Same sentence, once with the buffer it needs and once with a much longer one whose
+  # max length never binds: the hypotheses and scores must not change.
+  table, step_bias = random_table(21, eos_shift=1.5)
+  cache = initial_cache([table], [step_bias])
+  short, short_scores = run_beam_search(cache, jnp.array([6]), 0.0, max_decode_len=6,
+                                        beam_size=3)
+  (long, long_scores), calls = count_calls(run_beam_search, cache, jnp.array([6]), 0.0,
+                                           max_decode_len=40, beam_size=3)
+  assert calls <= 6
+  assert long[:, :, :6].tolist() == short.tolist()
+  assert np.all(np.asarray(long[:, :, 6:]) == PAD)
+  np.testing.assert_allclose(long_scores, short_scores, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# Consistency
+
+
+def test_beam_size_one_is_greedy_search():
+  # alpha 0: the length penalty has no say, as in greedy search.
+  for seed in range(5):
+    tables = [random_table(100 * seed + i, eos_shift=0.5) for i in range(4)]
+    cache = initial_cache(*zip(*tables))
+    max_lengths = jnp.array([2, 5, 7, 8])
+    greedy = run_greedy(cache, max_lengths, max_decode_len=8)
+    sequences, scores = run_beam_search(cache, max_lengths, 0.0, max_decode_len=8,
+                                         beam_size=1)
+    assert sequences[:, 0].tolist() == greedy.tolist()
+    assert np.all(np.isfinite(np.asarray(scores)))
+
+
+def test_decoding_a_sentence_alone_or_in_a_batch_gives_the_same_result():
+  tables = [random_table(seed, eos_shift=0.5) for seed in (31, 32, 33)]
+  max_lengths = [3, 8, 5]
+  cache = initial_cache(*zip(*tables))
+  batch_greedy = run_greedy(cache, jnp.array(max_lengths), max_decode_len=8)
+  batch_seqs, batch_scores = run_beam_search(cache, jnp.array(max_lengths), 0.6,
+                                             max_decode_len=8, beam_size=3)
+  for b, (table, max_length) in enumerate(zip(tables, max_lengths)):
+    alone = initial_cache(*zip(table))
+    greedy = run_greedy(alone, jnp.array([max_length]), max_decode_len=8)
+    seqs, scores = run_beam_search(alone, jnp.array([max_length]), 0.6, max_decode_len=8,
+                                   beam_size=3)
+    assert greedy[0].tolist() == batch_greedy[b].tolist()
+    assert seqs[0].tolist() == batch_seqs[b].tolist()
+    np.testing.assert_allclose(scores[0], batch_scores[b], rtol=1e-6)
+
+
+def test_jit_compiles_once_and_matches_eager_decoding():
+  tables = [random_table(seed) for seed in (41, 42)]
+  cache = initial_cache(*zip(*tables))
+  traces = [0]
+
+  @functools.partial(jax.jit, static_argnames=("beam_size",))
+  def decode(cache, max_lengths, alpha, beam_size):
+    traces[0] += 1
+    return decoding.beam_search(markov_tokens_to_logits, cache, max_lengths, 6, BOS, EOS,
+                                beam_size, alpha)
+
+  jitted = decode(cache, jnp.array([6, 4]), 0.6, beam_size=2)
+  eager = decoding.beam_search(markov_tokens_to_logits, cache, jnp.array([6, 4]), 6, BOS, EOS,
+                               2, 0.6)
+  assert jitted[0].tolist() == eager[0].tolist()
+  np.testing.assert_allclose(jitted[1], eager[1], rtol=1e-6)
+  decode(cache, jnp.array([3, 5]), 1.0, beam_size=2)  # new max lengths and alpha: no retrace
+  assert traces[0] == 1
+
+  greedy_jitted = jax.jit(decoding.greedy_decode, static_argnums=(0, 3, 4, 5))
+  assert (greedy_jitted(markov_tokens_to_logits, cache, jnp.array([6, 4]), 6, BOS, EOS).tolist()
+          == decoding.greedy_decode(markov_tokens_to_logits, cache, jnp.array([6, 4]), 6, BOS,
+                                    EOS).tolist())
+
+
+# --------------------------------------------------------------------------------------------
+# Cache helpers
+
+
+def test_expand_to_beams_repeats_rows_and_keeps_scalars():
+  cache = {"keys": jnp.arange(6).reshape(2, 3), "position": jnp.array(4)}
+  expanded = decoding.expand_to_beams(cache, 3)
+  assert expanded["keys"].tolist() == [[0, 1, 2]] * 3 + [[3, 4, 5]] * 3
+  assert expanded["position"].shape == () and int(expanded["position"]) == 4
+
+
+def test_gather_beams_reorders_rows_per_sentence():
+  # 2 sentences x 3 beams; row b * 3 + k holds 10 * b + k.
+  cache = {"keys": jnp.array([0, 1, 2, 10, 11, 12])[:, None], "position": jnp.array(7)}
+  gathered = decoding.gather_beams(cache, jnp.array([[2, 2, 0], [1, 0, 1]]))
+  assert gathered["keys"][:, 0].tolist() == [2, 2, 0, 11, 10, 11]
+  assert int(gathered["position"]) == 7

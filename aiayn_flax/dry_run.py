@@ -7,7 +7,8 @@ from aiayn_flax.data import bucketing
 
 def plan(config) -> dict:
   boundaries = bucketing.bucket_boundaries(config.dataset.bucket_min_length,
-                                           config.dataset.max_length, config.dataset.bucket_growth)
+                                           config.dataset.max_length, config.dataset.bucket_growth,
+                                           config.dataset.bucket_quantum)
   mesh = sharding.parse_mesh(config.mesh, jax.device_count())
   # A representative batch: the bucket nearest 32 tokens (typical WMT/Multi30k sentence length).
   length = min(boundaries, key=lambda b: abs(b - 32))

@@ -48,6 +48,22 @@ def causal_mask(length: int) -> jnp.ndarray:
   return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
 
 
+class Dropout(nn.Module):
+  """Inverted dropout that draws 16 random bits per element instead of nn.Dropout's 32: the
+  random bits are most of dropout's cost on CPU. The drop probability is rate rounded to a
+  multiple of 2^-16 (0.1 -> 0.100006)."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x, *, deterministic: bool):
+    if deterministic or self.rate == 0.0:
+      return x
+    words = jax.random.bits(self.make_rng("dropout"), ((x.size + 1) // 2,), jnp.uint32)
+    uniform16 = jnp.concatenate([words & 0xFFFF, words >> 16])[:x.size].reshape(x.shape)
+    keep = uniform16 >= jnp.uint32(round(self.rate * 65536))
+    return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
+
+
 def attention(q, k, v, mask, dropout_rate, deterministic, module):
   """Scaled dot-product attention (equation 1) with the softmax in float32."""
   # q: [B, Q, H, K]; k: [B, L, H, K]; v: [B, L, H, V]; mask: broadcastable to [B, H, Q, L]
@@ -56,7 +72,7 @@ def attention(q, k, v, mask, dropout_rate, deterministic, module):
   logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(logits, axis=-1)
   module.sow("intermediates", "attention_weights", weights)  # for the paper's figures 3-5
-  weights = nn.Dropout(dropout_rate)(weights, deterministic=deterministic)
+  weights = Dropout(dropout_rate)(weights, deterministic=deterministic)
   return jnp.einsum("bhql,blhv->bqhv", weights.astype(v.dtype), v)  # [B, Q, H, V]
 
 
@@ -133,7 +149,7 @@ class Residual(nn.Module):
   def __call__(self, x, sublayer, *, deterministic: bool):
     cfg = self.config
     norm = nn.LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=jnp.dtype(cfg.dtype))
-    dropout = nn.Dropout(cfg.dropout_rate)
+    dropout = Dropout(cfg.dropout_rate)
     if cfg.pre_layer_norm:
       return x + dropout(sublayer(norm(x)), deterministic=deterministic)
     return norm(x + dropout(sublayer(x), deterministic=deterministic))
@@ -195,7 +211,7 @@ class PositionalEmbedding(nn.Module):
     else:
       positions = jax.lax.dynamic_slice_in_dim(table, offset, length)
     x = x + positions[None].astype(x.dtype)
-    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    return Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 def _sinusoid_at(positions, d_model):

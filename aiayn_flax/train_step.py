@@ -24,9 +24,8 @@ def create_train_state(config, model) -> train_state.TrainState:
 
 
 def dropout_key(seed: int) -> jax.Array:
-  """Dropout bits come from the 'rbg' generator: far cheaper than threefry on CPU, and dropout
-  needs no cryptographic-quality randomness. Parameters are initialised with the default."""
-  return jax.random.key(seed, impl="rbg")
+  """The base key of dropout; each step folds in its step number."""
+  return jax.random.fold_in(jax.random.key(seed), 1)
 
 
 def loss_and_grads(params, batch, rng, *, model, label_smoothing: float):

@@ -73,6 +73,7 @@ def get_config(row: str = ""):
       max_length=256,  # training pairs longer than this (in subwords, either side) are filtered
       bucket_min_length=8,  # boundaries grow geometrically from here to max_length
       bucket_growth=1.25,
+      bucket_quantum=8,  # boundaries are multiples of this
       shuffle_buffer=100_000,
   ))
 

@@ -19,16 +19,17 @@ def get_config():
       vocab_sample_sentences=0,  # 0: all training sentences
       max_length=128,
       bucket_min_length=8,
-      bucket_growth=1.25,
+      bucket_growth=1.1,
+      bucket_quantum=4,  # 17% padding instead of 23% with multiples of 8
       shuffle_buffer=29_000,
   )
   c.model.update(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4, num_layers=3)
   c.warmup_steps = 1000
   c.learning_rate_scale = 2.0
   c.tokens_per_batch = 2560
-  c.num_train_steps = 1800
+  c.num_train_steps = 1500
   c.log_every_steps = 50
-  c.eval_every_steps = 600
+  c.eval_every_steps = 500
   c.checkpoint_every_steps = 200
   c.keep_checkpoints = 5
   c.average_last_checkpoints = 5

@@ -23,12 +23,13 @@ from aiayn_flax.data.vocabulary import PAD_ID
 EMPTY_ROW = -1  # index of a padding row in a batch's index array
 
 
-def bucket_boundaries(min_length: int, max_length: int, growth: float) -> list[int]:
-  """Geometric boundaries rounded up to multiples of 8 (friendlier shapes), ending at max_length."""
+def bucket_boundaries(min_length: int, max_length: int, growth: float,
+                      quantum: int = 8) -> list[int]:
+  """Geometric boundaries rounded up to multiples of `quantum`, ending at max_length."""
   boundaries = [min(min_length, max_length)]
   while boundaries[-1] < max_length:
-    grown = math.ceil(boundaries[-1] * growth / 8) * 8
-    boundaries.append(min(max(grown, boundaries[-1] + 8), max_length))
+    grown = math.ceil(boundaries[-1] * growth / quantum) * quantum
+    boundaries.append(min(max(grown, boundaries[-1] + quantum), max_length))
   return boundaries
 
 

@@ -104,7 +104,8 @@ def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: b
                config.dataset.name, split, len(tokenized.sources), tokenized.skipped_empty,
                tokenized.skipped_long, config.dataset.max_length)
   boundaries = bucketing.bucket_boundaries(config.dataset.bucket_min_length,
-                                           config.dataset.max_length, config.dataset.bucket_growth)
+                                           config.dataset.max_length, config.dataset.bucket_growth,
+                                           config.dataset.bucket_quantum)
   return bucketing.TokenBucketedBatches(tokenized.sources, tokenized.targets, boundaries,
                                         config.tokens_per_batch, batch_multiple, config.seed,
                                         shuffle=shuffle)

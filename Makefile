@@ -15,9 +15,11 @@ $(VENV)/installed: pyproject.toml
 
 venv: $(VENV)/installed
 
-# Train the CPU quick start on Multi30k, then score test2016 (sacreBLEU with its signature).
+# Train the CPU quick start on Multi30k, then score test2016 (sacreBLEU with its signature):
+# greedy with the last checkpoint, then the paper's recipe (beam 4, last 5 checkpoints averaged).
 quickstart: venv
 	$(PY) train.py --config=configs/multi30k.py --workdir=$(WORKDIR)
+	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016 --beam_size=1 --average_last=1
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016
 
 test: venv

@@ -18,3 +18,14 @@ def data_dir() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
   return data_dir()
+
+
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory):
+  """A toy run trained once for the whole session: (config, workdir, final metrics)."""
+  from aiayn_flax import trainer
+  from configs import toy
+  config = toy.get_config()
+  workdir = str(tmp_path_factory.mktemp("toy_run"))
+  summary = trainer.train_and_evaluate(config, workdir)
+  return config, workdir, summary

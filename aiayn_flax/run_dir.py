@@ -1,0 +1,81 @@
+"""A trained run's workdir as evaluate.py and translate.py see it: its config, vocabulary and
+(averaged) parameters, and the test sets it can be scored on."""
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from aiayn_flax import checkpoints, train_step
+from aiayn_flax.data import pipeline
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config the run was trained with, as saved in its latest checkpoint."""
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"--workdir={workdir}: no such directory")
+  mngr = checkpoints.manager(workdir, read_only=True)
+  step = mngr.latest_step()
+  if step is None:
+    raise FileNotFoundError(f"{checkpoints.checkpoint_dir(workdir)}: no checkpoint; train first "
+                            f"(python train.py --config=... --workdir={workdir})")
+  meta = checkpoints.restore_meta(mngr, step)
+  mngr.close()
+  return ml_collections.ConfigDict(meta["config"])
+
+
+def load_model_and_params(workdir: str, config, average_last: int = 1):
+  """(model, params): parameters averaged over the last `average_last` checkpoints (6.1)."""
+  model = train_step.make_model(config)
+  abstract = jax.eval_shape(lambda: train_step.init_params(model, 0))
+  steps = checkpoints.last_steps(workdir, average_last)
+  if len(steps) < average_last:
+    raise ValueError(f"{checkpoints.checkpoint_dir(workdir)} holds {len(steps)} checkpoints, "
+                     f"fewer than --average_last={average_last}")
+  params = checkpoints.load_params(workdir, abstract, steps)
+  return model, jax.tree.map(jnp.asarray, params), steps
+
+
+def load_vocabulary(workdir: str, config):
+  path = os.path.join(workdir, pipeline.VOCAB_FILENAME)
+  if config.dataset.name != "toy_reverse" and not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: the run's vocabulary is missing")
+  return pipeline.vocabulary_for(config, workdir)
+
+
+def testset_pairs(testset: str, config) -> tuple[list[str], list[str]]:
+  """(sources, references) of a named test set, in file order.
+
+  "multi30k/test2016" (or test2017, test2018, test2017_mscoco, validation); "wmt14"
+  (newstest2014 EN->DE); "split:NAME" for a split of the run's own dataset.
+  """
+  if testset.startswith("multi30k/"):
+    from aiayn_flax.data import multi30k
+    return multi30k.read_split_pairs(testset.split("/", 1)[1])
+  if testset == "wmt14":
+    return newstest2014_pairs()
+  if testset.startswith("split:"):
+    return pipeline.text_pairs(config, testset.split(":", 1)[1])
+  raise ValueError(f"--testset={testset!r}: expected multi30k/SPLIT, wmt14 or split:NAME")
+
+
+def newstest2014_pairs() -> tuple[list[str], list[str]]:
+  """newstest2014 EN->DE, the full 3003 lines: from $AIAYN_DATA_DIR/wmt14 when present, else
+  tfds' wmt14_translate test split when prepared, else sacrebleu's download (online)."""
+  from aiayn_flax.data import text_files
+  local = os.path.join(os.environ.get("AIAYN_DATA_DIR", ""), "wmt14")
+  if os.path.exists(os.path.join(local, "newstest2014.en")):
+    return text_files.read_parallel_lines(os.path.join(local, "newstest2014.en"),
+                                          os.path.join(local, "newstest2014.de"))
+  try:
+    import tensorflow_datasets as tfds
+    builder = tfds.builder("wmt14_translate/de-en")
+    if builder.is_prepared():
+      examples = list(tfds.as_numpy(builder.as_dataset(split="test", shuffle_files=False)))
+      return ([e["en"].decode("utf-8") for e in examples],
+              [e["de"].decode("utf-8") for e in examples])
+  except Exception:  # noqa: BLE001 - fall through to sacrebleu's download
+    pass
+  from sacrebleu.utils import get_source_file, get_reference_files
+  return text_files.read_parallel_lines(get_source_file("wmt14/full", "en-de"),
+                                        get_reference_files("wmt14/full", "en-de")[0])

@@ -1,0 +1,110 @@
+"""Translate a test set with a trained run and score it as the paper did and as sacreBLEU does.
+
+  python evaluate.py --workdir=runs/multi30k --testset=multi30k/test2016
+  python evaluate.py --workdir=runs/base --testset=wmt14 --beam_size=4 --average_last=5
+  python evaluate.py --workdir=DIR --src_file=my.en --ref_file=my.de
+  python evaluate.py --hyp_file=out.de --ref_file=ref.de        # score only, no model
+
+Prints sacreBLEU (cased, 13a, with its signature), chrF, and the paper's tokenized BLEU
+(Moses tokenization + compound splitting). Writes the detokenized hypotheses and a JSON file
+of the scores.
+"""
+import json
+import os
+import sys
+
+from absl import app, flags, logging
+
+flags.DEFINE_string("workdir", None, "A run's directory (checkpoints, vocabulary, config).")
+flags.DEFINE_string("testset", None, "multi30k/test2016 (…/test2017, test2018, "
+                    "test2017_mscoco, validation), wmt14 (newstest2014 EN->DE), split:NAME.")
+flags.DEFINE_string("split", None, "A split of the run's own dataset (same as split:NAME).")
+flags.DEFINE_string("src_file", None, "Source sentences, one per line.")
+flags.DEFINE_string("ref_file", None, "References, one per line.")
+flags.DEFINE_string("hyp_file", None, "Existing translations to score (with --ref_file).")
+flags.DEFINE_string("target_lang", None, "Target language for Moses tokenization "
+                    "(default: the run's target language, else de).")
+flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's config; 1 is greedy).")
+flags.DEFINE_float("alpha", None, "Length penalty alpha (default: the run's config).")
+flags.DEFINE_integer("average_last", None, "Average the last N checkpoints' parameters "
+                     "(default: the run's config, e.g. 5 for base, 20 for big).")
+flags.DEFINE_integer("batch_size", None, "Sentences per decoding batch.")
+flags.DEFINE_string("output_dir", None, "Where hypotheses and scores go "
+                    "(default: WORKDIR/eval, or beside --hyp_file).")
+FLAGS = flags.FLAGS
+
+
+def write_outputs(output_dir: str, name: str, hypotheses, scores) -> None:
+  os.makedirs(output_dir, exist_ok=True)
+  if hypotheses is not None:
+    with open(os.path.join(output_dir, f"{name}.hyp"), "w", encoding="utf-8") as f:
+      f.writelines(h + "\n" for h in hypotheses)
+  with open(os.path.join(output_dir, f"{name}.json"), "w", encoding="utf-8") as f:
+    json.dump(scores, f, indent=2, ensure_ascii=False)
+  logging.info("wrote %s.json%s in %s", name, " and .hyp" if hypotheses is not None else "",
+               output_dir)
+
+
+def score_existing_translation() -> None:
+  from aiayn_flax import scoring
+  if not FLAGS.ref_file:
+    raise app.UsageError("--hyp_file needs --ref_file")
+  scores = scoring.score_files(FLAGS.hyp_file, FLAGS.ref_file, FLAGS.target_lang or "de")
+  print(scoring.format_scores(scores))
+  output_dir = FLAGS.output_dir or os.path.dirname(os.path.abspath(FLAGS.hyp_file))
+  write_outputs(output_dir, os.path.basename(FLAGS.hyp_file) + ".scores", None, scores)
+
+
+def translate_and_score() -> None:
+  from aiayn_flax import run_dir, scoring
+  from aiayn_flax.data import text_files
+  from aiayn_flax.translator import Translator
+  config = run_dir.load_config(FLAGS.workdir)
+  if FLAGS.src_file or FLAGS.ref_file:
+    if not (FLAGS.src_file and FLAGS.ref_file):
+      raise app.UsageError("--src_file and --ref_file go together")
+    sources, references = text_files.read_parallel_lines(FLAGS.src_file, FLAGS.ref_file)
+    name = os.path.basename(FLAGS.src_file)
+  else:
+    testset = FLAGS.testset or (f"split:{FLAGS.split}" if FLAGS.split else None)
+    if not testset:
+      raise app.UsageError("give --testset, --split, or --src_file/--ref_file")
+    sources, references = run_dir.testset_pairs(testset, config)
+    name = testset.replace("/", "_").replace(":", "_")
+
+  beam_size = FLAGS.beam_size or config.beam_size
+  alpha = config.length_penalty_alpha if FLAGS.alpha is None else FLAGS.alpha
+  average_last = FLAGS.average_last or config.average_last_checkpoints
+  model, params, steps = run_dir.load_model_and_params(FLAGS.workdir, config, average_last)
+  vocab = run_dir.load_vocabulary(FLAGS.workdir, config)
+  logging.info("translating %d sentences: beam %d, alpha %.2f, parameters of steps %s",
+               len(sources), beam_size, alpha, steps)
+  translator = Translator(model, params, vocab, beam_size=beam_size, alpha=alpha,
+                          extra_length=config.decode_extra_length,
+                          batch_size=FLAGS.batch_size or config.decode_batch_size,
+                          max_positions=(config.model.max_positions
+                                         if config.model.positions == "learned" else None))
+  hypotheses = translator.translate(sources, progress_every=500)
+  target_lang = FLAGS.target_lang or config.dataset.get("target_lang", "de")
+  scores = scoring.score_translations(hypotheses, references, target_lang)
+  scores |= {"checkpoint_steps": steps, "beam_size": beam_size, "alpha": alpha}
+  print(scoring.format_scores(scores))
+  suffix = f"beam{beam_size}_avg{len(steps)}_step{steps[-1]}"
+  write_outputs(FLAGS.output_dir or os.path.join(FLAGS.workdir, "eval"), f"{name}.{suffix}",
+                hypotheses, scores)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  if not (FLAGS.hyp_file or FLAGS.workdir):
+    raise app.UsageError("give --workdir (to translate and score) or --hyp_file and --ref_file")
+  try:
+    score_existing_translation() if FLAGS.hyp_file else translate_and_score()
+  except (FileNotFoundError, ValueError) as e:  # bad input: one line that says what to do
+    sys.exit(f"evaluate.py: error: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,74 @@
+"""Token-bucketed batches on real Multi30k."""
+import numpy as np
+import pytest
+
+from aiayn_flax.data import bucketing, pipeline, vocabulary
+from configs import multi30k
+
+
+@pytest.fixture(scope="module")
+def tokenized_train(shared_data, tmp_path_factory):
+  config = multi30k.get_config()
+  sources, targets = pipeline.text_pairs(config, "train")
+  vocab = vocabulary.train_vocabulary(sources[:5000] + targets[:5000],
+                                      str(tmp_path_factory.mktemp("vocab") / "v.model"), 2000)
+  split = pipeline.tokenize_for_training(sources, targets, vocab, config.dataset.max_length)
+  assert len(split.sources) == 29000 and split.skipped_empty == split.skipped_long == 0
+  return config, split
+
+
+@pytest.mark.parametrize("batch_multiple", [1, 8])
+def test_one_epoch_sees_every_example_once_within_budget(tokenized_train, batch_multiple):
+  config, split = tokenized_train
+  boundaries = bucketing.bucket_boundaries(8, 128, 1.1, 4)
+  batches = bucketing.TokenBucketedBatches(split.sources, split.targets, boundaries,
+                                           config.tokens_per_batch, batch_multiple, seed=3)
+  seen = []
+  shapes = set()
+  for boundary, indices in batches.epoch(0):
+    batch = batches.batch(boundary, indices)
+    shapes.add(batch["inputs"].shape)
+    assert batch["inputs"].shape == batch["targets"].shape == (len(indices), boundary)
+    assert batch["inputs"].size <= config.tokens_per_batch  # the budget holds on each side
+    assert len(indices) % batch_multiple == 0
+    real = indices[indices != bucketing.EMPTY_ROW]
+    for row, i in zip(batch["inputs"], indices):
+      if i == bucketing.EMPTY_ROW:
+        assert not row.any()  # empty rows are all padding
+      else:
+        np.testing.assert_array_equal(row[:len(split.sources[i])], split.sources[i])
+    seen.extend(real.tolist())
+  assert sorted(seen) == list(range(len(split.sources)))  # every example exactly once
+  assert len(shapes) <= len(boundaries)  # one shape per bucket: few compiles
+  fraction = batches.padding_fraction()
+  print(f"padding fraction: {fraction:.3f}")
+  assert 0.0 < fraction < 0.25
+
+
+def test_epochs_are_shuffled_differently_but_reproducibly(tokenized_train):
+  config, split = tokenized_train
+  boundaries = bucketing.bucket_boundaries(8, 128, 1.1, 4)
+  make = lambda: bucketing.TokenBucketedBatches(  # noqa: E731
+      split.sources, split.targets, boundaries, config.tokens_per_batch, seed=0)
+  first, again = make().epoch(0), make().epoch(0)
+  assert all(np.array_equal(a[1], b[1]) for a, b in zip(first, again))
+  second = make().epoch(1)
+  assert not all(np.array_equal(a[1], b[1]) for a, b in zip(first, second))
+
+
+def test_iteration_resumes_at_a_position(tokenized_train):
+  config, split = tokenized_train
+  batches = bucketing.TokenBucketedBatches(split.sources[:3000], split.targets[:3000],
+                                           bucketing.bucket_boundaries(8, 128, 1.1, 4),
+                                           config.tokens_per_batch, seed=0)
+  stream = list(batches.iterate(num_epochs=2))
+  k = len(batches.epoch(0)) - 2  # resume two batches before the end of the first epoch
+  position = stream[k - 1][0]
+  resumed = list(batches.iterate(position, num_epochs=2))
+  for (_, expected), (_, got) in zip(stream[k:], resumed):
+    np.testing.assert_array_equal(expected["inputs"], got["inputs"])
+
+
+def test_boundaries_are_multiples_of_the_quantum_and_end_at_max_length():
+  assert bucketing.bucket_boundaries(8, 64, 1.25, 8) == [8, 16, 24, 32, 40, 56, 64]
+  assert bucketing.bucket_boundaries(8, 30, 1.1, 4) == [8, 12, 16, 20, 24, 28, 30]

@@ -1,0 +1,108 @@
+"""Training that learns, checkpoints that restore, and the command-line tools on a toy run."""
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from aiayn_flax import checkpoints, trainer
+from conftest import REPO
+
+
+def run_script(*args, stdin=None, timeout=300):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  return subprocess.run([sys.executable, *args], cwd=REPO, input=stdin, capture_output=True,
+                        text=True, timeout=timeout, env=env)
+
+
+def test_toy_task_is_learned(toy_run):
+  config, _, summary = toy_run
+  print(f"toy: {config.num_train_steps} steps, exact match {summary['valid/exact_match']:.3f}")
+  assert summary["valid/exact_match"] >= 0.95
+
+
+def test_checkpoint_round_trip_restores_an_identical_state(toy_run):
+  config, workdir, _ = toy_run
+  model = trainer.train_step.make_model(config)
+  template = trainer.train_step.create_train_state(config, model)
+  mngr = checkpoints.manager(workdir, read_only=True)
+  state, meta = checkpoints.restore(mngr, mngr.latest_step(), checkpoints.abstract_of(template))
+  assert int(state.step) == config.num_train_steps
+  assert meta["config"]["num_train_steps"] == config.num_train_steps
+  averaged = checkpoints.load_params(workdir, checkpoints.abstract_of(template.params),
+                                     [config.num_train_steps])
+  for restored, loaded in zip(jax.tree.leaves(state.params), jax.tree.leaves(averaged)):
+    np.testing.assert_array_equal(np.asarray(restored), loaded)
+  mngr.close()
+
+
+def test_averaging_checkpoints_gives_the_elementwise_mean(toy_run):
+  config, workdir, _ = toy_run
+  model = trainer.train_step.make_model(config)
+  abstract = checkpoints.abstract_of(trainer.train_step.create_train_state(config, model).params)
+  steps = checkpoints.last_steps(workdir, 2)
+  assert len(steps) == 2
+  each = [checkpoints.load_params(workdir, abstract, [s]) for s in steps]
+  mean = checkpoints.load_params(workdir, abstract, steps)
+  for a, b, m in zip(*(jax.tree.leaves(t) for t in (*each, mean))):
+    np.testing.assert_allclose(m, (a + b) / 2, rtol=1e-6, atol=1e-7)
+
+
+def test_second_run_in_the_same_workdir_continues_from_the_last_step(toy_run, tmp_path):
+  config, workdir, _ = toy_run
+  import shutil
+  continued = str(tmp_path / "continued")
+  shutil.copytree(workdir, continued)
+  config = config.copy_and_resolve_references()
+  config.num_train_steps += 20
+  config.checkpoint_every_steps = 10
+  summary = trainer.train_and_evaluate(config, continued)
+  steps = checkpoints.last_steps(continued, 10)
+  assert steps[-3:] == [1000, 1010, 1020]  # continued at 1001, not from scratch
+  assert summary["valid/exact_match"] >= 0.95
+
+
+def test_dry_run_prints_the_plan_without_training():
+  result = run_script("train.py", "--config=configs/base.py", "--dry_run")
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+  for key in ("parameters", "tokens_per_optimizer_step", "devices", "mesh", "flops_per_step",
+              "bucket_boundaries"):
+    assert key in lines, result.stdout
+  assert lines["tokens_per_optimizer_step"] == "25000"
+  assert int(lines["parameters"]) == 63082496
+
+
+def test_translate_keeps_line_count_and_empty_lines(toy_run, tmp_path):
+  _, workdir, _ = toy_run
+  result = run_script("translate.py", f"--workdir={workdir}", "--beam_size=1",
+                      stdin="5 6 7 8\n\n9 10 11 12 13\n")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split("\n") == ["8 7 6 5", "", "13 12 11 10 9", ""]
+
+
+def test_evaluate_scores_a_run_on_files(toy_run, tmp_path):
+  _, workdir, _ = toy_run
+  (tmp_path / "src").write_text("5 6 7 8\n9 10 11 12 13\n")
+  (tmp_path / "ref").write_text("8 7 6 5\n13 12 11 10 9\n")
+  result = run_script("evaluate.py", f"--workdir={workdir}", f"--src_file={tmp_path / 'src'}",
+                      f"--ref_file={tmp_path / 'ref'}", "--beam_size=4", "--average_last=1",
+                      f"--output_dir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "= 100.00" in result.stdout
+  assert (tmp_path / "src.beam4_avg1_step1000.hyp").read_text() == "8 7 6 5\n13 12 11 10 9\n"
+
+
+def test_evaluate_names_both_files_when_line_counts_differ(shared_data):
+  hyp, ref = shared_data / "wmt14/newstest2013.de", shared_data / "wmt14/newstest2014.de"
+  result = run_script("evaluate.py", f"--hyp_file={hyp}", f"--ref_file={ref}")
+  assert result.returncode != 0
+  message = result.stderr.strip().splitlines()[-1]
+  assert str(hyp) in message and str(ref) in message and "3000" in message and "3003" in message
+
+
+def test_evaluate_without_checkpoint_says_what_to_do(tmp_path):
+  result = run_script("evaluate.py", f"--workdir={tmp_path}", "--testset=multi30k/test2016")
+  assert result.returncode != 0
+  assert "no checkpoint; train first" in result.stderr.strip().splitlines()[-1]

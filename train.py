@@ -4,6 +4,7 @@ Any config field can be overridden: --config.num_train_steps=1000 --config.mesh=
 --dry_run prints the plan (parameters, batch, mesh, FLOPs) without building the model.
 """
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -12,6 +13,8 @@ config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/base.
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics.")
 flags.DEFINE_bool("dry_run", False, "Print the run's plan and exit without training.")
+flags.DEFINE_bool("force_resume", False, "Resume even if the workdir's config differs in a field "
+                  "that changes the model or the data.")
 flags.mark_flags_as_required(["config"])
 FLAGS = flags.FLAGS
 
@@ -27,8 +30,12 @@ def main(argv):
     return
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required to train")
-  summary = trainer.train_and_evaluate(config, FLAGS.workdir)
-  logging.info("finished: %s", summary)
+  try:
+    summary = trainer.train_and_evaluate(config, FLAGS.workdir, FLAGS.force_resume)
+  except (FileNotFoundError, ValueError, trainer.NonFiniteTrainingError) as e:
+    sys.exit(f"train.py: error: {e}")
+  logging.info("finished at step %d: %s", summary["step"], summary)
+  print(f"params_digest: {summary['params_digest']}")
 
 
 if __name__ == "__main__":

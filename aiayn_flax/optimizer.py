@@ -20,6 +20,12 @@ def learning_rate_schedule(config) -> optax.Schedule:
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
-  """Adam(beta1 0.9, beta2 0.98, eps 1e-9) on the schedule above."""
-  return optax.adam(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
+  """Adam(beta1 0.9, beta2 0.98, eps 1e-9) on the schedule above.
+
+  An update whose gradient holds a NaN or Inf is skipped (parameters and Adam moments stay as
+  they were) and counted in the state's `notfinite_count`; the trainer stops after
+  `max_consecutive_nonfinite_steps` of them. optax's own give-up-and-apply is disabled.
+  """
+  adam = optax.adam(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
                     eps=config.adam_eps)
+  return optax.apply_if_finite(adam, max_consecutive_errors=2**31 - 1)

@@ -1,7 +1,9 @@
 """The training loop: config -> data -> model -> state -> loop, each step a named function."""
 import functools
+import hashlib
 import json
 import os
+import signal
 import time
 
 import jax
@@ -13,9 +15,44 @@ from aiayn_flax import checkpoints, optimizer, scoring, sharding, train_step
 from aiayn_flax.data import bucketing, pipeline
 from aiayn_flax.translator import Translator
 
+# Config fields that may differ between a run and its resumption: they change neither the
+# model, nor the optimizer, nor the batches it sees.
+SAFE_TO_CHANGE_ON_RESUME = frozenset({
+    "name", "num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
+    "keep_checkpoints", "eval_bleu_sentences", "beam_size", "length_penalty_alpha",
+    "decode_extra_length", "decode_batch_size", "average_last_checkpoints",
+    "max_consecutive_nonfinite_steps"})
 
-def config_to_json(config) -> str:
-  return config.to_json_best_effort(sort_keys=True)
+
+class NonFiniteTrainingError(RuntimeError):
+  pass
+
+
+def config_dict(config) -> dict:
+  return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def resume_conflicts(saved: dict, current: dict, prefix: str = "") -> list[str]:
+  """Dotted names of the fields that differ and matter, e.g. ["model.d_model: 256 -> 512"]."""
+  conflicts = []
+  for key in sorted(set(saved) | set(current)):
+    name = prefix + key
+    old, new = saved.get(key), current.get(key)
+    if isinstance(old, dict) and isinstance(new, dict):
+      conflicts += resume_conflicts(old, new, name + ".")
+    elif old != new and name not in SAFE_TO_CHANGE_ON_RESUME:
+      conflicts.append(f"{name}: {old!r} -> {new!r}")
+  return conflicts
+
+
+def params_digest(params) -> str:
+  """sha256 of the parameters (names, shapes, dtypes and bytes), to compare two runs."""
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(jax.device_get(params))[0]:
+    array = np.ascontiguousarray(leaf)
+    digest.update(f"{jax.tree_util.keystr(path)}{array.shape}{array.dtype}".encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
 
 
 def real_tokens(batch: dict) -> int:
@@ -39,6 +76,30 @@ class Progress:
     return rates
 
 
+class StopSignals:
+  """SIGTERM/SIGINT (preemption, Ctrl-C) ask the loop to checkpoint and stop; a second signal
+  stops the process at once."""
+
+  def __init__(self):
+    self.requested = None
+
+  def __enter__(self):
+    self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+  def _handle(self, signum, frame):
+    if self.requested is not None:
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
+    self.requested = signal.Signals(signum).name
+    logging.warning("%s received: checkpointing at the current step, then stopping "
+                    "(send it again to stop at once)", self.requested)
+
+
 def evaluate_loss(eval_fn, params, batches, batch_sharding) -> dict:
   sums = None
   for _, batch in batches.iterate(num_epochs=1):
@@ -56,8 +117,25 @@ def evaluate_translations(translator, params, sources, references) -> dict:
           "exact_match": exact}
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains `config` in `workdir`, resuming from its latest checkpoint. Returns final metrics."""
+def restore_or_init(config, mngr, state, force_resume: bool):
+  """(state, data position): from the latest checkpoint when there is one."""
+  step = mngr.latest_step()
+  if step is None:
+    return state, bucketing.BatchPosition()
+  saved = checkpoints.restore_meta(mngr, step)["config"]
+  conflicts = resume_conflicts(saved, config_dict(config))
+  if conflicts and not force_resume:
+    raise ValueError(f"{mngr.directory} was trained with "
+                     f"another config ({'; '.join(conflicts)}); use a fresh --workdir, or "
+                     "--force_resume to continue anyway")
+  state, meta = checkpoints.restore(mngr, step, checkpoints.abstract_of(state))
+  logging.info("Resumed from step %d of %s", step, mngr.directory)
+  return state, bucketing.BatchPosition(**meta["position"])
+
+
+def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint. Returns final metrics,
+  with the final parameters' digest."""
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh)
   batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
@@ -73,19 +151,15 @@ def train_and_evaluate(config, workdir: str) -> dict:
                100 * train_batches.padding_fraction())
 
   model = train_step.make_model(config)
-  state = jax.device_put(train_step.create_train_state(config, model), replicated)
   mngr = checkpoints.manager(workdir, keep=max(config.keep_checkpoints,
                                                config.average_last_checkpoints))
-  position = bucketing.BatchPosition()
-  if mngr.latest_step() is not None:
-    state, meta = checkpoints.restore(mngr, mngr.latest_step(), checkpoints.abstract_of(state))
-    position = bucketing.BatchPosition(**meta["position"])
-    logging.info("Resumed from step %d of %s", int(state.step), checkpoints.checkpoint_dir(workdir))
+  state = jax.device_put(train_step.create_train_state(config, model), replicated)
+  state, position = restore_or_init(config, mngr, state, force_resume)
 
-  schedule = optimizer.learning_rate_schedule(config)
   step_fn = jax.jit(
       functools.partial(train_step.train_step, model=model,
-                        label_smoothing=config.label_smoothing, schedule=schedule),
+                        label_smoothing=config.label_smoothing,
+                        schedule=optimizer.learning_rate_schedule(config)),
       in_shardings=(replicated, batch_sharding, replicated), out_shardings=(replicated, replicated),
       donate_argnums=0)
   eval_fn = jax.jit(functools.partial(train_step.eval_step, model=model,
@@ -104,51 +178,77 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
   if jax.process_index() == 0:
-    writer.write_hparams({"config": config_to_json(config)})
+    writer.write_hparams({"config": config.to_json_best_effort(sort_keys=True)})
     logging.info("TensorBoard: tensorboard --logdir %s", os.path.abspath(workdir))
+
+  def save(step):
+    checkpoints.save(mngr, step, state, {"position": position.__dict__,
+                                         "config": config_dict(config)})
 
   step = int(state.step)
   progress = Progress(step, config.num_train_steps)
   sums, summary = None, {}
   batches = train_batches.iterate(position)
-  while step < config.num_train_steps:
-    position, batch = next(batches)
-    progress.tokens += real_tokens(batch)
-    state, metrics = step_fn(state, jax.device_put(batch, batch_sharding), rng)
-    if wait_each_step:
-      jax.block_until_ready(state)
-    step += 1
-    sums = metrics if sums is None else jax.tree.map(jax.numpy.add, sums, metrics)
+  with StopSignals() as signals:
+    while step < config.num_train_steps:
+      position, batch = next(batches)
+      progress.tokens += real_tokens(batch)
+      state, metrics = step_fn(state, jax.device_put(batch, batch_sharding), rng)
+      if wait_each_step:
+        jax.block_until_ready(state)
+      step += 1
+      sums = metrics if sums is None else jax.tree.map(jax.numpy.add, sums, metrics)
+      last = step == config.num_train_steps
 
-    if step % config.log_every_steps == 0 or step == config.num_train_steps:
-      host = jax.device_get(sums)
-      summary = train_step.summarize(host) | {
-          "learning_rate": float(host["learning_rate"]) / (step - progress.last_step),
-          "grad_norm": float(host["grad_norm"]) / (step - progress.last_step)}
-      summary |= progress.update(step)
-      writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
-      logging.info("step %d/%d: loss %.3f nll %.3f ppl %.2f lr %.2e | %.2f steps/s %.0f tokens/s "
-                   "| ETA %.0f min", step, config.num_train_steps, summary["loss"], summary["nll"],
-                   summary["perplexity"], summary["learning_rate"], summary["steps_per_s"],
-                   summary["tokens_per_s"], summary["eta_s"] / 60)
-      sums = None
+      if step % config.log_every_steps == 0 or last:
+        summary = log_train_metrics(writer, step, config, jax.device_get(sums), progress, state)
+        sums = None
+        if summary["consecutive_nonfinite_steps"] >= config.max_consecutive_nonfinite_steps:
+          mngr.wait_until_finished()
+          raise NonFiniteTrainingError(
+              f"step {step}: {summary['consecutive_nonfinite_steps']} consecutive steps with a "
+              f"non-finite loss or gradient (none was applied); the last good checkpoint is step "
+              f"{mngr.latest_step()} in {mngr.directory}")
 
-    if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
-      checkpoints.save(mngr, step, state, {"position": position.__dict__,
-                                           "config": json.loads(config_to_json(config))})
+      if step % config.checkpoint_every_steps == 0 or last or signals.requested:
+        save(step)
+      if signals.requested:
+        mngr.wait_until_finished()
+        logging.warning("%s: saved a checkpoint at step %d in %s; run the same command to "
+                        "continue", signals.requested, step, mngr.directory)
+        break
 
-    if step % config.eval_every_steps == 0 or step == config.num_train_steps:
-      evaluation = {f"valid/{k}": v for k, v in evaluate_loss(
-          eval_fn, state.params, eval_batches, batch_sharding).items()}
-      if num_bleu:
-        evaluation |= {f"valid/{k}": v for k, v in evaluate_translations(
-            translator, state.params, bleu_sources, bleu_references).items()}
-      writer.write_scalars(step, evaluation)
-      logging.info("step %d: %s", step, " ".join(f"{k} {v:.4g}" for k, v in evaluation.items()))
-      summary |= evaluation
-      progress.last_time = time.time()  # evaluation time is not training time
+      if step % config.eval_every_steps == 0 or last:
+        evaluation = {f"valid/{k}": v for k, v in evaluate_loss(
+            eval_fn, state.params, eval_batches, batch_sharding).items()}
+        if num_bleu:
+          evaluation |= {f"valid/{k}": v for k, v in evaluate_translations(
+              translator, state.params, bleu_sources, bleu_references).items()}
+        writer.write_scalars(step, evaluation)
+        logging.info("step %d: %s", step, " ".join(f"{k} {v:.4g}" for k, v in evaluation.items()))
+        summary |= evaluation
+        progress.last_time = time.time()  # evaluation time is not training time
 
   mngr.wait_until_finished()
   mngr.close()
   writer.flush()
+  return summary | {"step": step, "params_digest": params_digest(state.params)}
+
+
+def log_train_metrics(writer, step, config, sums, progress, state) -> dict:
+  """Averages since the last log line, written to TensorBoard and the log."""
+  steps = step - progress.last_step
+  summary = train_step.summarize(sums) | {
+      "learning_rate": float(sums["learning_rate"]) / steps,
+      "grad_norm": float(sums["grad_norm"]) / steps,
+      "consecutive_nonfinite_steps": int(state.opt_state.notfinite_count),
+      "skipped_nonfinite_steps": int(state.opt_state.total_notfinite)}
+  summary |= progress.update(step)
+  writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
+  logging.info("step %d/%d: loss %.3f nll %.3f ppl %.2f lr %.2e | %.2f steps/s %.0f tokens/s "
+               "| ETA %.0f min%s", step, config.num_train_steps, summary["loss"], summary["nll"],
+               summary["perplexity"], summary["learning_rate"], summary["steps_per_s"],
+               summary["tokens_per_s"], summary["eta_s"] / 60,
+               f" | {summary['skipped_nonfinite_steps']} non-finite steps skipped"
+               if summary["skipped_nonfinite_steps"] else "")
   return summary

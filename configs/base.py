@@ -94,6 +94,7 @@ def get_config(row: str = ""):
   c.num_train_steps = 100_000  # 12 hours on 8 P100 (5.2)
 
   c.seed = 0
+  c.max_consecutive_nonfinite_steps = 20  # skipped NaN/Inf updates in a row before stopping
   c.log_every_steps = 100
   c.eval_every_steps = 5000
   c.checkpoint_every_steps = 1000

@@ -106,3 +106,18 @@ def test_evaluate_without_checkpoint_says_what_to_do(tmp_path):
   result = run_script("evaluate.py", f"--workdir={tmp_path}", "--testset=multi30k/test2016")
   assert result.returncode != 0
   assert "no checkpoint; train first" in result.stderr.strip().splitlines()[-1]
+
+
+def test_translation_is_the_same_alone_and_inside_a_batch(toy_run):
+  from aiayn_flax import run_dir
+  from aiayn_flax.translator import Translator
+  config, workdir, _ = toy_run
+  model, params, _ = run_dir.load_model_and_params(workdir, config, 1)
+  vocab = run_dir.load_vocabulary(workdir, config)
+  sentence = "4 9 15 6 11 7"
+  others = ["5 6 7 8", "19 18 17 16 15 14 13 12 11 10 9", "12 4", "8 8 8 8 8 8 8"]
+  for beam_size in (1, 4):
+    translator = Translator(model, params, vocab, beam_size=beam_size, batch_size=8)
+    alone = translator.translate([sentence])[0]
+    assert translator.translate(others + [sentence])[-1] == alone
+    assert alone == "7 11 6 15 9 4"

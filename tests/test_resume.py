@@ -1,0 +1,132 @@
+"""Never lose a run: exact resume after SIGKILL or SIGTERM, atomic checkpoints, the non-finite
+guard, and refusing to resume with a different config."""
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from aiayn_flax import checkpoints, trainer
+from conftest import REPO
+from configs import toy
+
+TOY_FLAGS = ["--config=configs/toy.py", "--config.num_train_steps=60",
+             "--config.checkpoint_every_steps=20", "--config.log_every_steps=1",
+             "--config.eval_every_steps=1000", "--config.dataset.toy_eval_examples=20"]
+LOSS_LINE = re.compile(r"step (\d+)/60: loss ([0-9.]+)")
+
+
+def start_training(workdir, *extra):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  return subprocess.Popen([sys.executable, "train.py", f"--workdir={workdir}", *TOY_FLAGS, *extra],
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env)
+
+
+def finish(process) -> tuple[str, dict[int, str]]:
+  """(params digest, {step: logged loss}) of a run that ends normally."""
+  output, _ = process.communicate(timeout=300)
+  assert process.returncode == 0, output[-3000:]
+  digest = re.search(r"^params_digest: ([0-9a-f]{64})$", output, re.M).group(1)
+  return digest, {int(s): loss for s, loss in LOSS_LINE.findall(output)}
+
+
+def run_until_step(process, step: int) -> dict[int, str]:
+  """Reads the log until `step` is reported; returns the losses seen so far."""
+  losses = {}
+  for line in process.stdout:
+    match = LOSS_LINE.search(line)
+    if match:
+      losses[int(match.group(1))] = match.group(2)
+      if int(match.group(1)) >= step:
+        return losses
+  raise AssertionError(f"the run ended before step {step}")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  return finish(start_training(tmp_path_factory.mktemp("uninterrupted")))
+
+
+def test_same_config_and_seed_give_identical_parameters(uninterrupted, tmp_path):
+  assert finish(start_training(tmp_path))[0] == uninterrupted[0]
+
+
+def test_sigkill_between_checkpoints_then_restart_is_exact(uninterrupted, tmp_path):
+  process = start_training(tmp_path)
+  run_until_step(process, 30)  # the last checkpoint is step 20
+  process.kill()
+  process.wait()
+  digest, losses = finish(start_training(tmp_path))
+  assert min(losses) == 21  # restarted from the step-20 checkpoint
+  assert digest == uninterrupted[0]
+  assert all(losses[s] == uninterrupted[1][s] for s in losses)  # identical losses after restart
+
+
+def test_sigterm_checkpoints_the_current_step_and_resumes_exactly(uninterrupted, tmp_path):
+  process = start_training(tmp_path)
+  run_until_step(process, 27)
+  process.send_signal(signal.SIGTERM)
+  output, _ = process.communicate(timeout=120)
+  assert process.returncode == 0, output[-3000:]
+  stopped_at = int(re.search(r"SIGTERM: saved a checkpoint at step (\d+)", output).group(1))
+  assert 27 <= stopped_at < 40 and stopped_at in checkpoints.last_steps(str(tmp_path), 10)
+  digest, losses = finish(start_training(tmp_path))
+  assert min(losses) == stopped_at + 1
+  assert digest == uninterrupted[0]
+
+
+def test_half_written_newest_checkpoint_is_ignored(tmp_path):
+  config = toy.get_config()
+  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 20, 10, 1000
+  config.dataset.toy_eval_examples = 10
+  trainer.train_and_evaluate(config, str(tmp_path))
+  directory = checkpoints.checkpoint_dir(str(tmp_path))
+  # A writer killed mid-save leaves orbax's temporary directory, never a finished step.
+  partial = os.path.join(directory, "30.orbax-checkpoint-tmp-1795300000000000")
+  shutil.copytree(os.path.join(directory, "20"), partial)
+  for root, _, files in os.walk(partial):
+    for name in files:
+      with open(os.path.join(root, name), "r+b") as f:
+        f.truncate(max(0, os.path.getsize(f.name) // 2))
+  assert checkpoints.last_steps(str(tmp_path), 5) == [10, 20]
+  config.num_train_steps = 25
+  summary = trainer.train_and_evaluate(config, str(tmp_path))  # restores 20, not the fragment
+  assert summary["step"] == 25
+
+
+def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_checkpoint(tmp_path):
+  config = toy.get_config()
+  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 10, 5, 1000
+  config.dataset.toy_eval_examples = 10
+  trainer.train_and_evaluate(config, str(tmp_path))
+  good = checkpoints.last_steps(str(tmp_path), 1)
+  config.num_train_steps, config.log_every_steps, config.checkpoint_every_steps = 30, 1, 1
+  config.max_consecutive_nonfinite_steps = 3
+  config.label_smoothing = math.nan  # every loss and gradient is now NaN
+  with pytest.raises(trainer.NonFiniteTrainingError, match=r"step 13: 3 consecutive .* step 12"):
+    trainer.train_and_evaluate(config, str(tmp_path), force_resume=True)
+  model = trainer.train_step.make_model(config)
+  abstract = checkpoints.abstract_of(trainer.train_step.create_train_state(config, model).params)
+  before = checkpoints.load_params(str(tmp_path), abstract, good)
+  after = checkpoints.load_params(str(tmp_path), abstract, [12])
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+    np.testing.assert_array_equal(a, b)  # the skipped updates changed nothing, and saved no NaN
+
+
+def test_resuming_with_a_different_model_is_refused_with_the_field_named(tmp_path):
+  config = toy.get_config()
+  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 5, 1000
+  config.dataset.toy_eval_examples = 10
+  trainer.train_and_evaluate(config, str(tmp_path))
+  config.model.d_ff, config.num_train_steps, config.log_every_steps = 256, 10, 1
+  with pytest.raises(ValueError, match=r"model\.d_ff: 128 -> 256.*--force_resume"):
+    trainer.train_and_evaluate(config, str(tmp_path))
+  config.model.d_ff = 128  # logging and step counts may change
+  assert trainer.train_and_evaluate(config, str(tmp_path))["step"] == 10

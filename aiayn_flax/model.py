@@ -17,8 +17,26 @@ import numpy as np
 
 from aiayn_flax.data.vocabulary import BOS_ID, PAD_ID  # BOS is the decoder's first input
 
-_xavier = nn.initializers.xavier_uniform()
 _LAYER_NORM_EPSILON = 1e-6
+
+
+def _xavier(*axes):
+  """Glorot-uniform weights annotated with logical axis names; `aiayn_flax/sharding.py` maps
+  the names (embed, heads, kv, mlp, vocab) to mesh axes. The model never names a device."""
+  return nn.with_logical_partitioning(nn.initializers.xavier_uniform(), axes)
+
+
+def _zeros(*axes):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def _ones(*axes):
+  return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
+
+
+def _layer_norm(dtype, name=None):
+  return nn.LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=dtype, scale_init=_ones("embed"),
+                      bias_init=_zeros("embed"), name=name)
 
 
 def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
@@ -90,7 +108,8 @@ class MultiHeadAttention(nn.Module):
     dtype = jnp.dtype(cfg.dtype)
     d_k, d_v = head_dims(cfg)
     dense = lambda features, name: nn.DenseGeneral(  # noqa: E731
-        features, dtype=dtype, kernel_init=_xavier, name=name)
+        features, dtype=dtype, kernel_init=_xavier("embed", "heads", "kv"),
+        bias_init=_zeros("heads", "kv"), name=name)
     if self.is_self_attention:
       qkv = dense((cfg.num_heads, 2 * d_k + d_v), "qkv")(x)  # [B, Q, H, 2K+V]
       q, k, v = jnp.split(qkv, [d_k, 2 * d_k], axis=-1)
@@ -105,7 +124,8 @@ class MultiHeadAttention(nn.Module):
       else:
         k, v = project_memory()
     out = attention(q, k, v, mask, cfg.attention_dropout_rate, deterministic, self)
-    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=dtype, kernel_init=_xavier,
+    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=dtype,
+                           kernel_init=_xavier("heads", "kv", "embed"), bias_init=_zeros("embed"),
                            name="out")(out)  # [B, Q, D]
 
   def _append_to_cache(self, k, v, cache_length):
@@ -136,8 +156,10 @@ class FeedForward(nn.Module):
   def __call__(self, x):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    h = nn.Dense(cfg.d_ff, dtype=dtype, kernel_init=_xavier, name="inner")(x)
-    return nn.Dense(cfg.d_model, dtype=dtype, kernel_init=_xavier, name="outer")(nn.relu(h))
+    h = nn.Dense(cfg.d_ff, dtype=dtype, kernel_init=_xavier("embed", "mlp"),
+                 bias_init=_zeros("mlp"), name="inner")(x)
+    return nn.Dense(cfg.d_model, dtype=dtype, kernel_init=_xavier("mlp", "embed"),
+                    bias_init=_zeros("embed"), name="outer")(nn.relu(h))
 
 
 class Residual(nn.Module):
@@ -148,7 +170,7 @@ class Residual(nn.Module):
   @nn.compact
   def __call__(self, x, sublayer, *, deterministic: bool):
     cfg = self.config
-    norm = nn.LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=jnp.dtype(cfg.dtype))
+    norm = _layer_norm(jnp.dtype(cfg.dtype))
     dropout = Dropout(cfg.dropout_rate)
     if cfg.pre_layer_norm:
       return x + dropout(sublayer(norm(x)), deterministic=deterministic)
@@ -199,7 +221,8 @@ class PositionalEmbedding(nn.Module):
     cfg = self.config
     length = x.shape[1]
     if cfg.positions == "learned":
-      table = self.param("positions", nn.initializers.normal(0.02), (cfg.max_positions, cfg.d_model))
+      table = self.param("positions", nn.with_logical_partitioning(
+          nn.initializers.normal(0.02), (None, "embed")), (cfg.max_positions, cfg.d_model))
     elif cfg.positions == "sinusoidal":
       table = None
     else:
@@ -235,7 +258,7 @@ class Encoder(nn.Module):
     for i in range(cfg.num_layers):
       x = EncoderLayer(cfg, name=f"layer_{i}")(x, source_mask, deterministic=deterministic)
     if cfg.pre_layer_norm:
-      x = nn.LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=x.dtype, name="final_norm")(x)
+      x = _layer_norm(x.dtype, name="final_norm")(x)
     return x
 
 
@@ -263,9 +286,9 @@ class Decoder(nn.Module):
           y, memory, target_mask, source_mask, deterministic=deterministic, decode=decode,
           cache_length=cache_length)
     if cfg.pre_layer_norm:
-      y = nn.LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=y.dtype, name="final_norm")(y)
-    logits = self.embed.attend(y.astype(jnp.float32))  # pre-softmax projection tied (3.4)
-    return logits  # [B, T, V] float32
+      y = _layer_norm(y.dtype, name="final_norm")(y)
+    logits = self.embed.attend(y)  # pre-softmax projection tied to the embedding (3.4)
+    return logits.astype(jnp.float32)  # [B, T, V]: softmax and loss in float32
 
 
 class Transformer(nn.Module):
@@ -274,8 +297,9 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embed = nn.Embed(cfg.vocab_size, cfg.d_model,
-                          embedding_init=nn.initializers.normal(cfg.d_model ** -0.5),
+    self.embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=jnp.dtype(cfg.dtype),
+                          embedding_init=nn.with_logical_partitioning(
+                              nn.initializers.normal(cfg.d_model ** -0.5), ("vocab", "embed")),
                           name="shared_embedding")
     self.encoder = Encoder(cfg, self.embed, name="encoder")
     self.decoder = Decoder(cfg, self.embed, name="decoder")

@@ -1,10 +1,21 @@
 """Device mesh from the config, and where arrays live on it.
 
-Batches are split along the mesh's `data` axis; parameters and optimizer state are replicated.
+Batches are split along the mesh's `data` axis. Parameters carry logical axis names (set in
+model.py); the rules below map them to mesh axes: with a `model` axis, attention heads, FFN
+units and the vocabulary are split across it (tensor parallelism, Megatron-style); with
+`fsdp`, the d_model axis of every parameter is also split over `data`. Optimizer moments
+follow their parameters.
 """
+import flax.linen as nn
 import jax
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+TENSOR_PARALLEL_RULES = (("heads", "model"), ("mlp", "model"), ("vocab", "model"),
+                         ("kv", None), ("embed", None))
+FSDP_RULES = (("heads", "model"), ("mlp", "model"), ("vocab", "model"), ("kv", None),
+              ("embed", "data"))
 
 
 def parse_mesh(spec: str, num_devices: int) -> dict[str, int]:
@@ -42,3 +53,24 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def data_parallel_size(mesh: Mesh) -> int:
   return mesh.shape["data"]
+
+
+def logical_axis_rules(mesh: Mesh, fsdp: bool = False):
+  """Rules for this mesh: axes the mesh lacks (e.g. no `model` axis) map to None."""
+  rules = FSDP_RULES if fsdp else TENSOR_PARALLEL_RULES
+  return tuple((name, axis if axis in mesh.axis_names else None) for name, axis in rules)
+
+
+def param_shardings(mesh: Mesh, logical_specs, fsdp: bool = False):
+  """NamedShardings for parameters, from their logical PartitionSpecs."""
+  return nn.logical_to_mesh_sharding(logical_specs, mesh, logical_axis_rules(mesh, fsdp))
+
+
+def train_state_shardings(mesh: Mesh, abstract_state, logical_specs, fsdp: bool = False):
+  """Shardings of a whole TrainState: parameters by their rules, Adam's moments like their
+  parameters (optax.tree_map_params), counters and everything else replicated."""
+  params = param_shardings(mesh, logical_specs, fsdp)
+  opt_state = optax.tree_map_params(
+      abstract_state.tx, lambda _, sharding: sharding, abstract_state.opt_state, params,
+      transform_non_params=lambda _: replicated(mesh))
+  return abstract_state.replace(step=replicated(mesh), params=params, opt_state=opt_state)

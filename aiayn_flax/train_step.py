@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from flax import linen as nn
 from flax.training import train_state
 
 from aiayn_flax import loss, model as model_lib, optimizer
@@ -13,9 +14,19 @@ def make_model(config) -> model_lib.Transformer:
   return model_lib.Transformer(ml_collections.FrozenConfigDict(config.model))
 
 
-def init_params(model: model_lib.Transformer, seed: int):
+def boxed_params(model: model_lib.Transformer, seed: int):
+  """Parameters still wrapped with their logical axis names (nn.LogicallyPartitioned)."""
   dummy = jnp.ones((1, 8), jnp.int32)
   return model.init(jax.random.key(seed), dummy, dummy)["params"]
+
+
+def init_params(model: model_lib.Transformer, seed: int):
+  return nn.meta.unbox(boxed_params(model, seed))
+
+
+def logical_param_specs(model: model_lib.Transformer):
+  """PartitionSpecs of logical axis names, one per parameter (computed from shapes only)."""
+  return nn.get_partition_spec(jax.eval_shape(lambda: boxed_params(model, 0)))
 
 
 def create_train_state(config, model) -> train_state.TrainState:
@@ -29,24 +40,49 @@ def dropout_key(seed: int) -> jax.Array:
 
 
 def loss_and_grads(params, batch, rng, *, model, label_smoothing: float):
-  """Gradient of the smoothed loss per real target token, and the metric sums."""
+  """Gradient of the smoothed loss summed over the batch's real target tokens, and the metric
+  sums. The caller divides by the token count: after summing over micro-batches when it
+  accumulates, so that k micro-batches give exactly the update of their concatenation."""
   def loss_fn(p):
     logits = model.apply({"params": p}, batch["inputs"], batch["targets"], train=True,
                          rngs={"dropout": rng})
     loss_sum, nll_sum, tokens = loss.label_smoothed_nll(logits, batch["targets"], label_smoothing)
-    return loss_sum / jnp.maximum(tokens, 1.0), (loss_sum, nll_sum, tokens)
-  (_, (loss_sum, nll_sum, tokens)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return loss_sum, (nll_sum, tokens)
+  (loss_sum, (nll_sum, tokens)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
   return grads, {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens}
 
 
-def train_step(state, batch, rng, *, model, label_smoothing: float, schedule):
-  """One optimizer update; metrics stay on device (the loop fetches them when it logs)."""
-  step_rng = jax.random.fold_in(rng, state.step)
-  grads, metrics = loss_and_grads(state.params, batch, step_rng, model=model,
-                                  label_smoothing=label_smoothing)
-  metrics["grad_norm"] = optax.global_norm(grads)
-  metrics["learning_rate"] = schedule(state.step)
+def apply_gradient_sums(state, grad_sums, metrics, *, schedule):
+  """One optimizer update with the gradient per real target token."""
+  grads = jax.tree.map(lambda g: g / jnp.maximum(metrics["tokens"], 1.0), grad_sums)
+  metrics = dict(metrics, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
   return state.apply_gradients(grads=grads), metrics
+
+
+def train_step(state, batch, rng, *, model, label_smoothing: float, schedule):
+  """One optimizer update on one batch; metrics stay on device (the loop fetches them when it
+  logs)."""
+  step_rng = jax.random.fold_in(rng, state.step)
+  grad_sums, metrics = loss_and_grads(state.params, batch, step_rng, model=model,
+                                      label_smoothing=label_smoothing)
+  return apply_gradient_sums(state, grad_sums, metrics, schedule=schedule)
+
+
+def accumulate_step(sums, params, batch, rng, step, micro_step, *, model, label_smoothing: float):
+  """Adds one micro-batch's gradient and metric sums to `sums` (None for the first)."""
+  micro_rng = jax.random.fold_in(jax.random.fold_in(rng, step), micro_step)
+  grads, metrics = loss_and_grads(params, batch, micro_rng, model=model,
+                                  label_smoothing=label_smoothing)
+  return (grads, metrics) if sums is None else jax.tree.map(jnp.add, sums, (grads, metrics))
+
+
+def accumulation_steps(config, data_shards: int) -> int:
+  """Micro-batches per optimizer step so that shards x micro-batch x steps >= tokens_per_batch,
+  with each device's micro-batch at most `micro_batch_tokens_per_device` (0: no limit)."""
+  per_device = config.get("micro_batch_tokens_per_device", 0)
+  if not per_device:
+    return 1
+  return -(-config.tokens_per_batch // (per_device * data_shards))
 
 
 def eval_step(params, batch, *, model, label_smoothing: float):

@@ -21,7 +21,7 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "name", "num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
     "keep_checkpoints", "eval_bleu_sentences", "beam_size", "length_penalty_alpha",
     "decode_extra_length", "decode_batch_size", "average_last_checkpoints",
-    "max_consecutive_nonfinite_steps"})
+    "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu"})
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -143,7 +143,12 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
 
   vocab = pipeline.vocabulary_for(config, workdir)
   data_shards = sharding.data_parallel_size(mesh)
-  train_batches = pipeline.batches_for_split(config, vocab, config.dataset.train_split,
+  accumulation = train_step.accumulation_steps(config, data_shards)
+  micro_config = config.copy_and_resolve_references()
+  micro_config.tokens_per_batch = -(-config.tokens_per_batch // accumulation)
+  logging.info("%d micro-batch(es) of <= %d tokens per side per optimizer step", accumulation,
+               micro_config.tokens_per_batch)
+  train_batches = pipeline.batches_for_split(micro_config, vocab, config.dataset.train_split,
                                              data_shards, shuffle=True)
   eval_batches = pipeline.batches_for_split(config, vocab, config.dataset.eval_split,
                                             data_shards, shuffle=False)
@@ -153,15 +158,23 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   model = train_step.make_model(config)
   mngr = checkpoints.manager(workdir, keep=max(config.keep_checkpoints,
                                                config.average_last_checkpoints))
-  state = jax.device_put(train_step.create_train_state(config, model), replicated)
+  new_state = lambda: train_step.create_train_state(config, model)  # noqa: E731
+  state_sharding = sharding.train_state_shardings(
+      mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model), config.fsdp)
+  state = jax.jit(new_state, out_shardings=state_sharding)()
   state, position = restore_or_init(config, mngr, state, force_resume)
 
+  schedule = optimizer.learning_rate_schedule(config)
   step_fn = jax.jit(
       functools.partial(train_step.train_step, model=model,
-                        label_smoothing=config.label_smoothing,
-                        schedule=optimizer.learning_rate_schedule(config)),
-      in_shardings=(replicated, batch_sharding, replicated), out_shardings=(replicated, replicated),
-      donate_argnums=0)
+                        label_smoothing=config.label_smoothing, schedule=schedule),
+      in_shardings=(state_sharding, batch_sharding, replicated),
+      out_shardings=(state_sharding, replicated), donate_argnums=0)
+  accumulate_fn = jax.jit(functools.partial(train_step.accumulate_step, model=model,
+                                            label_smoothing=config.label_smoothing),
+                          donate_argnums=0)
+  apply_fn = jax.jit(functools.partial(train_step.apply_gradient_sums, schedule=schedule),
+                     out_shardings=(state_sharding, replicated), donate_argnums=(0, 1))
   eval_fn = jax.jit(functools.partial(train_step.eval_step, model=model,
                                       label_smoothing=config.label_smoothing))
   rng = train_step.dropout_key(config.seed)
@@ -191,9 +204,21 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   batches = train_batches.iterate(position)
   with StopSignals() as signals:
     while step < config.num_train_steps:
-      position, batch = next(batches)
-      progress.tokens += real_tokens(batch)
-      state, metrics = step_fn(state, jax.device_put(batch, batch_sharding), rng)
+      if accumulation == 1:
+        position, batch = next(batches)
+        progress.tokens += real_tokens(batch)
+        state, metrics = step_fn(state, jax.device_put(batch, batch_sharding), rng)
+      else:  # sum gradients over micro-batches, then one update per real target token
+        accumulated = None
+        for micro_step in range(accumulation):
+          position, batch = next(batches)
+          progress.tokens += real_tokens(batch)
+          accumulated = accumulate_fn(accumulated, state.params,
+                                      jax.device_put(batch, batch_sharding), rng, state.step,
+                                      micro_step)
+          if wait_each_step:
+            jax.block_until_ready(accumulated)
+        state, metrics = apply_fn(state, *accumulated)
       if wait_each_step:
         jax.block_until_ready(state)
       step += 1

@@ -27,7 +27,8 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
     # inputs: [B, S] source ids ending in EOS, PAD after; B may include all-PAD rows.
     max_decode_len = inputs.shape[1] + extra_length
     source_lengths = jnp.sum(inputs != model_lib.PAD_ID, axis=1)  # [B]
-    max_lengths = source_lengths + extra_length  # section 6.1: input length + 50
+    # Section 6.1: at most input length + 50; the batch's empty filler rows end at once.
+    max_lengths = jnp.where(source_lengths > 0, source_lengths + extra_length, 1)
     memory = model.apply({"params": params}, inputs, method=model_lib.Transformer.encode)
     bos = jnp.full((inputs.shape[0], 1), model_lib.BOS_ID, jnp.int32)
     _, variables = model.apply({"params": params}, memory, inputs, bos, decode=True,

@@ -59,7 +59,9 @@ def get_config(row: str = ""):
   c = ml_collections.ConfigDict()
   c.name = "base" + (f":{row}" if row else "")
 
-  # Data: WMT14 EN->DE through tfds; validation newstest2013, test newstest2014 (section 5.1).
+  # Data: WMT14 EN->DE through tfds (section 5.1): wmt14_translate/de-en is read EN->DE by
+  # feature name. Its train split is Europarl v7 + Common Crawl + News Commentary v9 (4.5M
+  # pairs), "validation" is newstest2013 (3000) and "test" newstest2014 (3003).
   c.dataset = ml_collections.ConfigDict(dict(
       name="wmt14_translate/de-en",
       source_lang="en",
@@ -97,7 +99,7 @@ def get_config(row: str = ""):
   c.max_consecutive_nonfinite_steps = 20  # skipped NaN/Inf updates in a row before stopping
   c.log_every_steps = 100
   c.eval_every_steps = 5000
-  c.checkpoint_every_steps = 1000
+  c.checkpoint_every_steps = 1500  # "10-minute intervals" (6.1) at the paper's 0.4 s/step
   c.keep_checkpoints = 5
   c.eval_bleu_sentences = 1000  # greedy-decoded validation sentences for the periodic BLEU
 
@@ -108,7 +110,18 @@ def get_config(row: str = ""):
   c.average_last_checkpoints = 5
   c.decode_batch_size = 64
 
-  c.mesh = "data:-1"  # mesh axes and sizes; -1 takes the remaining devices
+  c.mesh = "data:-1"  # mesh axes and sizes, e.g. "data:4,model:2"; -1: the remaining devices
+  c.fsdp = False  # also shard every parameter's d_model axis over `data`
+  # Gradient accumulation: each device processes at most this many tokens per side per
+  # micro-batch (0: the whole batch at once); the number of micro-batches per optimizer step
+  # follows from tokens_per_batch and the number of data-parallel devices.
+  c.micro_batch_tokens_per_device = 0
+
+  # Planning only (train.py --dry_run, python -m aiayn_flax.dry_run --table; docs/SCALE.md):
+  # the hardware the plan is for and the model FLOPs utilisation assumed for its step time.
+  c.device = ""  # "": the local devices; or a kind of devices.py: tpu_v3, tpu_v4, v100, h100...
+  c.num_devices = 0  # 0: all local devices, or the device kind's standard host (tpu_v3: 8)
+  c.mfu = 0.4
 
   if row:
     if row not in TABLE3_ROWS:

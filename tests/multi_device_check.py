@@ -1,5 +1,6 @@
 """Run by test_multi_device.py in a process with 8 simulated CPU devices: the same global batch
-on 1 device and on 8 (mesh data:8) gives the same loss, gradients and updated parameters."""
+on 1 device, on 8 as data:8, and as data:4,model:2 (tensor parallel, with and without FSDP)
+gives the same loss, gradients and updated parameters."""
 import functools
 import os
 import sys
@@ -16,21 +17,26 @@ from aiayn_flax import optimizer, sharding, train_step  # noqa: E402
 from configs import toy  # noqa: E402
 
 
-def run_on(devices, config, batch):
-  mesh = sharding.make_mesh("data:-1", devices)
+def run_on(devices, mesh_spec, config, batch, fsdp=False):
+  mesh = sharding.make_mesh(mesh_spec, devices)
   model = train_step.make_model(config)
   replicated, batch_sharding = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-  state = jax.device_put(train_step.create_train_state(config, model), replicated)
+  new_state = lambda: train_step.create_train_state(config, model)  # noqa: E731
+  state_sharding = sharding.train_state_shardings(
+      mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model), fsdp)
+  state = jax.jit(new_state, out_shardings=state_sharding)()
   batch = jax.device_put(batch, batch_sharding)
   rng = train_step.dropout_key(0)
   grads_fn = jax.jit(functools.partial(train_step.loss_and_grads, model=model,
                                        label_smoothing=config.label_smoothing),
-                     in_shardings=(replicated, batch_sharding, replicated))
+                     in_shardings=(state_sharding.params, batch_sharding, replicated))
   grads, metrics = grads_fn(state.params, batch, rng)
+  grads = jax.tree.map(lambda g: g / metrics["tokens"], grads)  # per token, as the update uses
   step_fn = jax.jit(functools.partial(train_step.train_step, model=model,
                                       label_smoothing=config.label_smoothing,
                                       schedule=optimizer.learning_rate_schedule(config)),
-                    in_shardings=(replicated, batch_sharding, replicated))
+                    in_shardings=(state_sharding, batch_sharding, replicated),
+                    out_shardings=(state_sharding, replicated))
   for _ in range(3):
     state, _ = step_fn(state, batch, rng)
     jax.block_until_ready(state)  # CPU collectives: one step at a time
@@ -46,12 +52,14 @@ def main():
   batch = {k: rng.integers(4, 20, (16, 12)).astype(np.int32) for k in ("inputs", "targets")}
   batch["inputs"][:, 9:] = 0
   batch["targets"][3:, 7:] = 0
-  one = run_on(jax.devices()[:1], config, batch)
-  eight = run_on(jax.devices(), config, batch)
-  for name, a, b in zip(("metrics", "gradients", "updated parameters"), one, eight):
-    worst = max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-    print(f"{name}: max abs difference {worst:.2e}")
-    assert worst <= 1e-5, name
+  one = run_on(jax.devices()[:1], "data:1", config, batch)
+  for mesh_spec, fsdp in (("data:8", False), ("data:4,model:2", False), ("data:4,model:2", True)):
+    other = run_on(jax.devices(), mesh_spec, config, batch, fsdp)
+    for name, a, b in zip(("metrics", "gradients", "updated parameters"), one, other):
+      worst = max(float(np.max(np.abs(x - y)))
+                  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+      print(f"{mesh_spec}{' fsdp' if fsdp else ''} {name}: max abs difference {worst:.2e}")
+      assert worst <= 1e-5, (mesh_spec, name)
   print("OK")
 
 

@@ -58,3 +58,68 @@ def test_learning_rate_follows_equation_3(step):
 def test_learning_rate_scale_multiplies():
   np.testing.assert_allclose(optimizer.paper_learning_rate(256, 1000, 2.0)(999),
                              2.0 * 256 ** -0.5 * 1000 ** -0.5, rtol=1e-6)
+
+
+def _toy_state_and_batches(dropout_rate=0.0, dtype="float32"):
+  from aiayn_flax import train_step
+  from configs import toy
+  config = toy.get_config()
+  config.model.dropout_rate, config.model.dtype = dropout_rate, dtype
+  config.label_smoothing = 0.1
+  model = train_step.make_model(config)
+  rng = np.random.default_rng(0)
+  batches = []
+  for pad_from in (9, 5, 12):  # micro-batches with different numbers of real tokens
+    batch = {k: rng.integers(4, 20, (8, 12)).astype(np.int32) for k in ("inputs", "targets")}
+    batch["targets"][:, pad_from:] = 0
+    batches.append(batch)
+  return config, model, train_step.create_train_state(config, model), batches
+
+
+def test_accumulating_micro_batches_equals_one_step_on_their_concatenation():
+  from aiayn_flax import train_step
+  config, model, state, batches = _toy_state_and_batches()
+  rng = train_step.dropout_key(0)
+  whole = {k: np.concatenate([b[k] for b in batches]) for k in ("inputs", "targets")}
+  expected_grads, expected = train_step.loss_and_grads(state.params, whole, rng, model=model,
+                                                       label_smoothing=0.1)
+  sums = None
+  for i, batch in enumerate(batches):
+    sums = train_step.accumulate_step(sums, state.params, batch, rng, state.step, i, model=model,
+                                      label_smoothing=0.1)
+  grads, metrics = sums
+  assert float(metrics["tokens"]) == float(expected["tokens"]) == float((whole["targets"] > 0).sum())
+  np.testing.assert_allclose(metrics["loss_sum"], expected["loss_sum"], rtol=1e-6)
+  # The update divides by the total number of real tokens of the three micro-batches, so the
+  # gradient per token is the concatenated batch's, though the micro-batches' counts differ.
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
+    np.testing.assert_allclose(a / metrics["tokens"], b / expected["tokens"], atol=1e-6, rtol=0)
+  updated, _ = train_step.apply_gradient_sums(state, grads, metrics,
+                                              schedule=optimizer.learning_rate_schedule(config))
+  assert int(updated.step) == 1  # one optimizer update for the three micro-batches
+
+
+def test_accumulation_steps_follow_the_device_budget():
+  from aiayn_flax import train_step
+  from configs import base
+  config = base.get_config()
+  assert train_step.accumulation_steps(config, 8) == 1
+  config.micro_batch_tokens_per_device = 1000
+  assert train_step.accumulation_steps(config, 8) == 4  # 8 x 1000 x 4 >= 25000
+  assert train_step.accumulation_steps(config, 1) == 25
+
+
+def test_bfloat16_training_lowers_a_finite_loss_and_keeps_float32_parameters():
+  from aiayn_flax import train_step
+  config, model, state, batches = _toy_state_and_batches(dropout_rate=0.1, dtype="bfloat16")
+  step = jax.jit(lambda s, b: train_step.train_step(
+      s, b, train_step.dropout_key(0), model=model, label_smoothing=0.1,
+      schedule=optimizer.learning_rate_schedule(config)))
+  losses = []
+  for _ in range(15):
+    state, metrics = step(state, batches[0])
+    losses.append(float(metrics["loss_sum"] / metrics["tokens"]))
+  assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.5, losses
+  assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
+  logits = model.apply({"params": state.params}, batches[0]["inputs"], batches[0]["targets"])
+  assert logits.dtype == jnp.float32  # softmax and loss in float32

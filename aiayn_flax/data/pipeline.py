@@ -1,6 +1,27 @@
-"""From a config's `dataset` block to text pairs, the shared vocabulary and tokenized batches."""
+"""From a config's `dataset` block to text pairs, the shared vocabulary and tokenized batches.
+
+Datasets: "toy_reverse" (synthetic), "multi30k", "parallel_text" (files named in the config),
+and any tfds translation builder such as wmt14_translate/de-en or /fr-en. A tfds dataset is
+read by language (`source_lang`, `target_lang`), whatever its supervised keys say: tfds' WMT14
+builders are keyed (xx, "en"), and the paper translates EN->DE and EN->FR.
+
+A tfds dataset is streamed in chunks, never held whole as Python strings: the vocabulary's
+training sample is drawn in one pass, and the tokenizer works chunk by chunk. Tokenized splits
+are cached beside the vocabulary (WORKDIR/tokenized/*.npz: token ids + offsets), keyed by the
+vocabulary file, the dataset, the split and max_length, so that later runs and restarts skip
+tokenization.
+"""
+import collections.abc
 import dataclasses
+import hashlib
+import itertools
+import json
+import operator
 import os
+import re
+import tempfile
+import zipfile
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
@@ -8,6 +29,17 @@ from absl import logging
 from aiayn_flax.data import bucketing, toy, vocabulary
 
 VOCAB_FILENAME = "vocab.model"
+TOKENIZED_DIRNAME = "tokenized"
+CHUNK_PAIRS = 50_000  # sentence pairs read and tokenized at a time
+_LOCAL_DATASETS = ("toy_reverse", "multi30k", "parallel_text")
+_CACHE_FORMAT = 1  # bump when the cached arrays change meaning
+
+TextChunks = Iterable[tuple[list[str], list[str]]]
+
+
+def is_tfds(dataset) -> bool:
+  """Whether config.dataset names a tfds builder (anything but our local datasets)."""
+  return dataset.name not in _LOCAL_DATASETS
 
 
 def text_pairs(config, split: str) -> tuple[list[str], list[str]]:
@@ -33,17 +65,45 @@ def text_pairs(config, split: str) -> tuple[list[str], list[str]]:
   return _tfds_pairs(dataset, split)
 
 
+def text_pair_chunks(config, split: str, chunk_pairs: int = CHUNK_PAIRS) -> TextChunks:
+  """text_pairs(config, split) as consecutive (sources, targets) chunks of at most
+  `chunk_pairs` pairs; a tfds dataset is streamed rather than read whole."""
+  if is_tfds(config.dataset):
+    yield from _tfds_pair_chunks(config.dataset, split, chunk_pairs)
+    return
+  sources, targets = text_pairs(config, split)
+  for start in range(0, len(sources), chunk_pairs):
+    yield sources[start:start + chunk_pairs], targets[start:start + chunk_pairs]
+
+
 def _tfds_pairs(dataset, split):
-  """Pairs from a tfds builder such as wmt14_translate/de-en (read in the EN->DE direction by
-  picking features by language, whatever the builder's supervised keys say)."""
+  sources, targets = [], []
+  for chunk_sources, chunk_targets in _tfds_pair_chunks(dataset, split, CHUNK_PAIRS):
+    sources += chunk_sources
+    targets += chunk_targets
+  return sources, targets
+
+
+def _tfds_pair_chunks(dataset, split, chunk_pairs):
+  """Pairs from a tfds translation builder, in file order, `chunk_pairs` at a time.
+
+  Features are picked by language: wmt14_translate/de-en (supervised keys ("de", "en")) is read
+  EN->DE with source_lang "en", target_lang "de". In tfds' WMT14 builders (tensorflow_datasets/
+  translate/wmt14.py, `_subsets`), split "validation" is newstest2013 (its other subset,
+  newsdev2014, exists only for Hindi) and "test" is newstest2014, for de-en and fr-en alike.
+  """
   import tensorflow_datasets as tfds
   ds = tfds.load(dataset.name, split=split, data_dir=dataset.data_dir or None,
                  shuffle_files=False)
-  sources, targets = [], []
-  for example in tfds.as_numpy(ds):
-    sources.append(example[dataset.source_lang].decode("utf-8"))
-    targets.append(example[dataset.target_lang].decode("utf-8"))
-  return sources, targets
+  source_lang, target_lang = dataset.source_lang, dataset.target_lang
+  missing = sorted({source_lang, target_lang} - set(ds.element_spec))
+  if missing:
+    raise ValueError(f"{dataset.name} has features {sorted(ds.element_spec)}; "
+                     f"config.dataset.source_lang/target_lang {missing} are not among them")
+  # Batched before anything else: a per-example map costs ~40 us an example (measured).
+  for examples in tfds.as_numpy(ds.batch(chunk_pairs).prefetch(1)):
+    yield ([s.decode("utf-8") for s in examples[source_lang]],
+           [t.decode("utf-8") for t in examples[target_lang]])
 
 
 def vocabulary_for(config, workdir: str):
@@ -54,12 +114,7 @@ def vocabulary_for(config, workdir: str):
   if os.path.exists(path):
     vocab = vocabulary.load_vocabulary(path)
   else:
-    sources, targets = text_pairs(config, config.dataset.train_split)
-    sample = config.dataset.vocab_sample_sentences
-    sentences = sources + targets
-    if sample and len(sentences) > sample:
-      rng = np.random.default_rng(config.seed)
-      sentences = [sentences[i] for i in sorted(rng.choice(len(sentences), sample, replace=False))]
+    sentences = vocabulary_sample(config)
     logging.info("Training a %d-piece %s vocabulary on %d sentences", config.model.vocab_size,
                  config.dataset.vocab_model_type, len(sentences))
     os.makedirs(workdir, exist_ok=True)
@@ -71,10 +126,108 @@ def vocabulary_for(config, workdir: str):
   return vocab
 
 
+def vocabulary_sample(config) -> list[str]:
+  """Training sentences (both sides) for the vocabulary: all of them, or
+  `vocab_sample_sentences` of them drawn uniformly at random, seeded by config.seed.
+
+  A tfds dataset is sampled in one streaming pass (`streamed_sample`); the local datasets,
+  small enough to hold, keep their in-memory draw.
+  """
+  dataset = config.dataset
+  size = dataset.vocab_sample_sentences
+  if is_tfds(dataset):
+    return streamed_sample(text_pair_chunks(config, dataset.train_split), size, config.seed)
+  sources, targets = text_pairs(config, dataset.train_split)
+  sentences = sources + targets
+  if size and len(sentences) > size:
+    rng = np.random.default_rng(config.seed)
+    sentences = [sentences[i] for i in sorted(rng.choice(len(sentences), size, replace=False))]
+  return sentences
+
+
+def streamed_sample(chunks: TextChunks, size: int, seed: int) -> list[str]:
+  """`size` sentences (0: all) drawn uniformly without replacement from a stream of
+  (sources, targets) chunks, in stream order, in one pass: each sentence draws a random key
+  and the `size` smallest keys are kept (bottom-k sampling). At most 2 x size sentences, plus
+  a chunk, are held at once."""
+  rng = np.random.default_rng(seed)
+  keys, positions, kept = [], [], []  # arrays of the kept keys and positions, per chunk
+  threshold, seen = np.inf, 0
+  for sources, targets in chunks:
+    sentences = sources + targets
+    if not size:
+      kept += sentences
+      continue
+    chunk_keys = rng.random(len(sentences))
+    chosen = np.flatnonzero(chunk_keys < threshold)
+    keys.append(chunk_keys[chosen])
+    positions.append(seen + chosen)
+    kept += [sentences[i] for i in chosen]
+    seen += len(sentences)
+    if len(kept) >= 2 * size:
+      keys, positions, kept, threshold = _smallest_keys(keys, positions, kept, size)
+  if not size:
+    return kept
+  if len(kept) > size:
+    keys, positions, kept, _ = _smallest_keys(keys, positions, kept, size)
+  order = np.argsort(np.concatenate(positions), kind="stable") if positions else []
+  return [kept[i] for i in order]
+
+
+def _smallest_keys(keys, positions, kept, size):
+  """The `size` entries with the smallest keys (as one-chunk lists), and the largest of them."""
+  keys, positions = np.concatenate(keys), np.concatenate(positions)
+  best = np.argpartition(keys, size - 1)[:size]
+  return [keys[best]], [positions[best]], [kept[i] for i in best], keys[best].max()
+
+
+class RaggedIds(collections.abc.Sequence):
+  """Token-id sequences in one flat array: sequence i is flat[offsets[i]:offsets[i + 1]].
+
+  A sequence of numpy arrays (views) to its readers, at a fraction of the memory of a list of
+  arrays for millions of sentences; also the form the tokenized cache is stored in.
+  """
+
+  def __init__(self, flat: np.ndarray, offsets: np.ndarray):
+    self.flat, self.offsets = flat, offsets
+
+  def __len__(self) -> int:
+    return len(self.offsets) - 1
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      start, stop, step = index.indices(len(self))
+      if step != 1:
+        raise ValueError("RaggedIds slices must have step 1")
+      return RaggedIds(self.flat, self.offsets[start:max(start, stop) + 1])
+    i = operator.index(index)
+    if i < 0:
+      i += len(self)
+    if not 0 <= i < len(self):
+      raise IndexError(f"index {index} out of range for {len(self)} sequences")
+    return self.flat[self.offsets[i]:self.offsets[i + 1]]
+
+  def __iter__(self) -> Iterator[np.ndarray]:
+    bounds = self.offsets.tolist()
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+      yield self.flat[start:stop]
+
+  def lengths(self) -> np.ndarray:
+    return np.diff(self.offsets)
+
+
+def _ragged(flat_parts: list[np.ndarray], length_parts: list[np.ndarray], dtype) -> RaggedIds:
+  flat = np.concatenate(flat_parts) if flat_parts else np.empty(0, dtype)
+  lengths = np.concatenate(length_parts) if length_parts else np.empty(0, np.int64)
+  offsets = np.zeros(len(lengths) + 1, np.int64)
+  np.cumsum(lengths, out=offsets[1:])
+  return RaggedIds(flat, offsets)
+
+
 @dataclasses.dataclass
 class TokenizedSplit:
-  sources: list[np.ndarray]  # token ids ending in EOS
-  targets: list[np.ndarray]
+  sources: Sequence[np.ndarray]  # token ids ending in EOS (a RaggedIds)
+  targets: Sequence[np.ndarray]
   skipped_empty: int = 0
   skipped_long: int = 0
 
@@ -82,24 +235,115 @@ class TokenizedSplit:
 def tokenize_for_training(sources: list[str], targets: list[str], vocab,
                           max_length: int) -> TokenizedSplit:
   """Token ids + EOS; drops (and counts) empty pairs and pairs longer than max_length."""
-  eos = np.array([vocabulary.EOS_ID], dtype=np.int32)
-  source_ids, target_ids = vocab.encode_batch(sources), vocab.encode_batch(targets)
-  split = TokenizedSplit([], [])
-  for s, t in zip(source_ids, target_ids):
-    if not s or not t:
-      split.skipped_empty += 1
-    elif max(len(s), len(t)) + 1 > max_length:
-      split.skipped_long += 1
-    else:
-      split.sources.append(np.concatenate([np.asarray(s, dtype=np.int32), eos]))
-      split.targets.append(np.concatenate([np.asarray(t, dtype=np.int32), eos]))
-  return split
+  return _tokenize_chunks([(sources, targets)], vocab, max_length)
+
+
+def _tokenize_chunks(chunks: TextChunks, vocab, max_length: int) -> TokenizedSplit:
+  """tokenize_for_training over a stream of chunks. Ids are stored as uint16 when the
+  vocabulary allows (batches are int32 all the same: bucketing copies them into int32 rows)."""
+  dtype = np.uint16 if vocab.vocab_size <= 2**16 else np.int32
+  flat_parts, length_parts = ([], []), ([], [])  # (sources, targets) each
+  skipped_empty = skipped_long = 0
+  for sources, targets in chunks:
+    kept = ([], [])
+    for s, t in zip(vocab.encode_batch(sources), vocab.encode_batch(targets)):
+      if not s or not t:
+        skipped_empty += 1
+      elif max(len(s), len(t)) + 1 > max_length:
+        skipped_long += 1
+      else:
+        kept[0].append(s)
+        kept[1].append(t)
+    for side, sequences in enumerate(kept):
+      lengths = np.fromiter(map(len, sequences), np.int64, len(sequences)) + 1
+      flat = np.fromiter(itertools.chain.from_iterable(s + [vocabulary.EOS_ID] for s in sequences),
+                         dtype, int(lengths.sum()))
+      flat_parts[side].append(flat)
+      length_parts[side].append(lengths)
+  return TokenizedSplit(_ragged(flat_parts[0], length_parts[0], dtype),
+                        _ragged(flat_parts[1], length_parts[1], dtype),
+                        skipped_empty, skipped_long)
+
+
+def tokenized_split(config, vocab, split: str) -> TokenizedSplit:
+  """A split's token ids: read from the tokenized cache beside the vocabulary file when there,
+  else tokenized chunk by chunk and cached. (The toy task's vocabulary has no file, and no
+  cache: its pairs are generated in a moment.)"""
+  path, key = _cache_path_and_key(config, vocab, split)
+  if path:
+    cached = _read_tokenized(path, key)
+    if cached is not None:
+      logging.info("%s/%s: token ids read from %s", config.dataset.name, split, path)
+      return cached
+  tokenized = _tokenize_chunks(text_pair_chunks(config, split), vocab, config.dataset.max_length)
+  if path:
+    _write_tokenized(path, key, tokenized)
+  return tokenized
+
+
+def _cache_path_and_key(config, vocab, split: str) -> tuple[str | None, str | None]:
+  """(WORKDIR/tokenized/NAME-SPLIT-DIGEST.npz, the JSON key the digest is of)."""
+  model_path = getattr(vocab, "model_path", None)
+  if not model_path or not os.path.exists(model_path):
+    return None, None
+  with open(model_path, "rb") as f:
+    vocabulary_sha256 = hashlib.sha256(f.read()).hexdigest()
+  dataset = config.dataset
+  key = {"format": _CACHE_FORMAT, "vocabulary_sha256": vocabulary_sha256,
+         "dataset": dataset.name, "split": split, "max_length": dataset.max_length,
+         "source_lang": dataset.get("source_lang"), "target_lang": dataset.get("target_lang")}
+  if dataset.name == "parallel_text" and split in dataset.get("files", {}):
+    key["files"] = [[os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns]
+                    for p in dataset.files[split] if os.path.exists(p)]
+  key_text = json.dumps(key, sort_keys=True)
+  digest = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+  stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{dataset.name}-{split}")
+  return os.path.join(os.path.dirname(model_path), TOKENIZED_DIRNAME,
+                      f"{stem}-{digest}.npz"), key_text
+
+
+def _read_tokenized(path: str, key: str) -> TokenizedSplit | None:
+  if not os.path.exists(path):
+    return None
+  try:
+    with np.load(path) as arrays:
+      if str(arrays["key"]) != key:
+        logging.warning("%s was written for another key; tokenizing again", path)
+        return None
+      skipped_empty, skipped_long = arrays["skipped"].tolist()
+      return TokenizedSplit(RaggedIds(arrays["source_ids"], arrays["source_offsets"]),
+                            RaggedIds(arrays["target_ids"], arrays["target_offsets"]),
+                            skipped_empty, skipped_long)
+  except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+    logging.warning("%s: unreadable tokenized cache (%s); tokenizing again", path, e)
+    return None
+
+
+def _write_tokenized(path: str, key: str, tokenized: TokenizedSplit) -> None:
+  """Writes the cache through a temporary file (a reader never sees half of one); a failure
+  to write only costs the next run a tokenization."""
+  directory = os.path.dirname(path)
+  temp_path = None
+  try:
+    os.makedirs(directory, exist_ok=True)
+    handle, temp_path = tempfile.mkstemp(dir=directory, prefix=".tokenized-", suffix=".tmp")
+    with os.fdopen(handle, "wb") as f:
+      np.savez(f, key=np.array(key), source_ids=tokenized.sources.flat,
+               source_offsets=tokenized.sources.offsets, target_ids=tokenized.targets.flat,
+               target_offsets=tokenized.targets.offsets,
+               skipped=np.array([tokenized.skipped_empty, tokenized.skipped_long]))
+    os.replace(temp_path, path)
+    logging.info("token ids cached in %s", path)
+  except OSError as e:
+    logging.warning("could not cache token ids in %s: %s", path, e)
+    if temp_path and os.path.exists(temp_path):
+      os.remove(temp_path)
 
 
 def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: bool):
-  """TokenBucketedBatches over a split, with the filtering logged."""
-  sources, targets = text_pairs(config, split)
-  tokenized = tokenize_for_training(sources, targets, vocab, config.dataset.max_length)
+  """TokenBucketedBatches over a split, with the filtering logged; token ids come from the
+  workdir's cache after the first run (`tokenized_split`)."""
+  tokenized = tokenized_split(config, vocab, split)
   logging.info("%s/%s: %d pairs kept, %d empty skipped, %d longer than %d tokens skipped",
                config.dataset.name, split, len(tokenized.sources), tokenized.skipped_empty,
                tokenized.skipped_long, config.dataset.max_length)

@@ -1,0 +1,104 @@
+"""Accelerators the dry-run plan knows: peak matmul throughput and memory of one JAX device.
+
+A "device" is what `jax.devices()` lists, which is not always a chip:
+- TPU v3 has no megacore: each chip's two TensorCores are two JAX devices, so a TPU v3-8
+  (4 chips, 8 TensorCores; the number in the name counts TensorCores) is 8 devices of 16 GiB
+  and half a chip's 123 TFLOP/s each.
+- TPU v4 is a megacore chip: its two TensorCores form one JAX device, so a TPU v4-8 (4 chips,
+  8 TensorCores) is 4 devices of 32 GiB and 275 TFLOP/s each.
+- A GPU is one device.
+
+Sources: cloud.google.com/tpu/docs/v3 (123 TFLOP/s bf16 and 32 GiB HBM per chip, two
+TensorCores per chip) and /tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB per chip); the JAX Pallas
+`ChipVersion` table (megacore on v4, not on v3) and jax-ml/jax discussion #36155 (a v4 JAX
+device is a megacore). NVIDIA datasheets: V100 SXM2 125 TFLOP/s fp16 tensor, 15.7 f32; A100
+312 bf16 dense, 156 TF32 dense; H100 SXM5 989 bf16 dense, 495 TF32 dense (the datasheet's
+1979 / 989 are with 2:4 sparsity); H200 is the H100's compute with 141 GB. P100: the paper's
+own 9.5 TFLOP/s (Table 2 footnote; the PCIe card's f32 peak at boost clock), fp16 at twice
+that.
+
+`peak_flops_32bit` is what float32 matmuls reach under JAX's default precision: one bfloat16
+pass on TPU (jax-ml/jax#1856), TF32 on Ampere and Hopper GPUs (jax-ml/jax#4873, #12008), true
+f32 on V100 and P100.
+"""
+import dataclasses
+import os
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceKind:
+  name: str
+  description: str
+  peak_flops_16bit: float  # dense bf16/fp16 matmul FLOP/s of one JAX device
+  peak_flops_32bit: float  # float32 matmul FLOP/s under JAX's default precision
+  memory_bytes: int  # HBM of one JAX device
+  usable_memory_fraction: float  # what a training step may plan to fill
+  host: str  # the standard host, e.g. "TPU v3-8"
+  host_devices: int  # JAX devices in that host
+
+  def peak_flops(self, dtype: str) -> float:
+    return self.peak_flops_16bit if dtype in ("bfloat16", "float16") else self.peak_flops_32bit
+
+
+# JAX preallocates 75% of a GPU's memory by default (XLA_PYTHON_CLIENT_MEM_FRACTION); on TPU
+# most HBM is usable, less a margin for XLA's temporaries and fragmentation.
+_GPU_FRACTION = 0.75
+_TPU_FRACTION = 0.85
+
+KINDS = {k.name: k for k in [
+    DeviceKind("tpu_v3", "TPU v3 TensorCore (half a chip)", 61.5e12, 61.5e12, 16 * GIB,
+               _TPU_FRACTION, "TPU v3-8", 8),
+    DeviceKind("tpu_v4", "TPU v4 chip (megacore)", 275e12, 275e12, 32 * GIB, _TPU_FRACTION,
+               "TPU v4-8", 4),
+    DeviceKind("v100", "V100 SXM2 16 GB", 125e12, 15.7e12, 16 * GIB, _GPU_FRACTION,
+               "8 x V100 (DGX-1)", 8),
+    DeviceKind("v100_32gb", "V100 SXM2 32 GB", 125e12, 15.7e12, 32 * GIB, _GPU_FRACTION,
+               "8 x V100 32 GB (DGX-1)", 8),
+    DeviceKind("a100", "A100 SXM4 40 GB", 312e12, 156e12, 40 * GIB, _GPU_FRACTION,
+               "8 x A100 (DGX A100)", 8),
+    DeviceKind("a100_80gb", "A100 SXM4 80 GB", 312e12, 156e12, 80 * GIB, _GPU_FRACTION,
+               "8 x A100 80 GB (DGX A100)", 8),
+    DeviceKind("h100", "H100 SXM5 80 GB", 989e12, 495e12, 80 * GIB, _GPU_FRACTION,
+               "8 x H100 (DGX H100)", 8),
+    DeviceKind("h200", "H200 SXM 141 GB", 989e12, 495e12, 141 * 10**9, _GPU_FRACTION,
+               "8 x H200 (DGX H200)", 8),
+    DeviceKind("p100", "P100 16 GB (the paper's)", 19e12, 9.5e12, 16 * GIB, _GPU_FRACTION,
+               "8 x P100 (the paper's)", 8),
+]}
+
+# Substrings of jax's `device_kind` (lower case, spaces removed) that identify a kind; the
+# first match wins, so the more specific patterns come first.
+_LOCAL_PATTERNS = [
+    ("tpu_v3", ("tpuv3",)), ("tpu_v4", ("tpuv4",)), ("h100", ("h100",)), ("h200", ("h200",)),
+    ("a100_80gb", ("a100", "80gb")), ("a100", ("a100",)), ("v100_32gb", ("v100", "32gb")),
+    ("v100", ("v100",)), ("p100", ("p100",)),
+]
+
+
+def kind(name: str) -> DeviceKind:
+  if name not in KINDS:
+    raise ValueError(f"config.device={name!r}: unknown; known kinds: {sorted(KINDS)}")
+  return KINDS[name]
+
+
+def local_kind(device, num_local_devices: int = 1) -> DeviceKind:
+  """The table's entry for a jax device when its kind is known, else an entry with the memory
+  the runtime reports (on CPU: the host's memory shared by its `num_local_devices` simulated
+  devices) and no peak FLOP/s (0: unknown)."""
+  text = device.device_kind.lower().replace(" ", "")
+  for name, parts in _LOCAL_PATTERNS:
+    if all(p in text for p in parts):
+      return KINDS[name]
+  try:
+    stats = device.memory_stats()
+  except (AttributeError, NotImplementedError, RuntimeError):  # not every backend reports
+    stats = None
+  if stats and "bytes_limit" in stats:
+    memory, fraction = int(stats["bytes_limit"]), 1.0
+  else:  # CPU: the host's memory, shared by its simulated devices
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // num_local_devices
+    fraction = 0.5
+  return DeviceKind(device.platform, device.device_kind, 0.0, 0.0, memory, fraction,
+                    f"local {device.platform}", 1)

@@ -1,0 +1,212 @@
+"""WMT14 through tfds, with tfds.testing.mock_data standing in for the download (offline): the
+EN->DE direction picked by feature name, a vocabulary trained on a streamed sample, token-
+bucketed batches within the budget, the tokenized cache; and the dry-run plan at paper scale."""
+import io
+import os
+import pathlib
+from contextlib import redirect_stdout
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from aiayn_flax import devices, dry_run, flops
+from aiayn_flax.data import pipeline
+from configs import base, big, big_enfr
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# Word-for-word translations with disjoint vocabularies: any word tells a sentence's language,
+# so a swapped direction cannot go unnoticed.
+ENGLISH = "the a house dog cat is was small big green and runs home today".split()
+GERMAN = "das ein Haus Hund Katze ist war klein groß grün und läuft heim heute".split()
+SPLIT_SIZES = {"train": 3000, "validation": 120, "test": 130}
+
+
+def parallel_text(split: str) -> tuple[list[str], list[str]]:
+  rng = np.random.default_rng(sorted(SPLIT_SIZES).index(split))
+  english, german = [], []
+  for _ in range(SPLIT_SIZES[split]):
+    words = rng.integers(0, len(ENGLISH), rng.integers(2, 20))
+    english.append(" ".join(ENGLISH[w] for w in words))
+    german.append(" ".join(GERMAN[w] for w in words))
+  return english, german
+
+
+def fake_wmt14_split(self, split, decoders=None, read_config=None, shuffle_files=False):
+  """Stands in for the builder's _as_dataset: examples shaped like wmt14_translate/de-en's."""
+  del self, decoders, read_config, shuffle_files
+  english, german = parallel_text(str(split))
+  return tf.data.Dataset.from_tensor_slices({"de": german, "en": english})
+
+
+@pytest.fixture
+def mocked_wmt14():
+  with tfds.testing.mock_data(as_dataset_fn=fake_wmt14_split):
+    yield
+
+
+def small_wmt14_config():
+  config = base.get_config()
+  config.dataset.update(vocab_sample_sentences=2000, max_length=128, bucket_growth=1.5)
+  config.model.vocab_size = 300  # 256 byte pieces, the specials, the letters and some merges
+  config.tokens_per_batch = 2048
+  return config
+
+
+def test_wmt14_text_pairs_are_english_to_german_in_file_order(mocked_wmt14):
+  config = small_wmt14_config()
+  for split in ("train", "validation", "test"):
+    assert pipeline.text_pairs(config, split) == parallel_text(split)
+  config.dataset.target_lang = "fr"
+  with pytest.raises(ValueError, match="not among them"):
+    pipeline.text_pairs(config, "validation")
+
+
+def test_wmt14_batches_are_english_to_german_within_the_token_budget(mocked_wmt14, tmp_path):
+  config = small_wmt14_config()
+  vocab = pipeline.vocabulary_for(config, str(tmp_path))
+  assert vocab.vocab_size == 300
+  english, german = parallel_text("train")
+  pairs = set(zip(english, german))
+  batches = pipeline.batches_for_split(config, vocab, "train", batch_multiple=2, shuffle=True)
+  seen = 0
+  for _, batch in batches.iterate(num_epochs=1):
+    assert batch["inputs"].shape == batch["targets"].shape
+    assert batch["inputs"].size <= config.tokens_per_batch  # per side
+    assert batch["inputs"].dtype == np.int32
+    sources = vocab.decode_batch(batch["inputs"])
+    targets = vocab.decode_batch(batch["targets"])
+    for source, target in zip(sources, targets):
+      if source:  # an empty row completes a bucket's last batch
+        assert (source, target) in pairs  # EN in, DE out: fails if the sides were swapped
+        seen += 1
+  assert seen == len(english)  # max_length 128 keeps every pair (at most 19 words)
+
+
+def test_vocabulary_sample_streams_a_seeded_uniform_draw_of_both_sides(mocked_wmt14):
+  config = small_wmt14_config()
+  sample = pipeline.vocabulary_sample(config)
+  english, german = parallel_text("train")
+  assert len(sample) == 2000 and set(sample) <= set(english) | set(german)
+  assert pipeline.vocabulary_sample(config) == sample  # reproducible
+  english_set = set(english)
+  from_english = sum(s in english_set for s in sample)
+  assert 800 < from_english < 1200  # both sides, about equally
+
+
+def test_streamed_sample_is_uniform_exact_and_in_stream_order():
+  numbers = [str(i) for i in range(10_000)]
+  chunks = [(numbers[i:i + 300], numbers[i + 300:i + 600]) for i in range(0, 10_000, 600)]
+  stream = [s for sources, targets in chunks for s in sources + targets]
+  assert stream == numbers
+  sample = pipeline.streamed_sample(iter(chunks), 1000, seed=0)
+  assert len(set(sample)) == 1000
+  positions = [int(s) for s in sample]  # the stream is 0, 1, 2, ... in order
+  assert positions == sorted(positions)
+  assert 350 < sum(int(s) < 5000 for s in sample) < 650  # not biased to either half
+  assert pipeline.streamed_sample(iter(chunks), 1000, seed=1) != sample
+  assert pipeline.streamed_sample(iter(chunks), 0, seed=0) == stream  # 0: everything
+  assert sorted(pipeline.streamed_sample(iter(chunks), 20_000, seed=0)) == sorted(stream)
+
+
+def test_tokenized_splits_are_cached_beside_the_vocabulary(mocked_wmt14, tmp_path, monkeypatch):
+  config = small_wmt14_config()
+  vocab = pipeline.vocabulary_for(config, str(tmp_path))
+  first = pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False)
+  cached = os.listdir(tmp_path / pipeline.TOKENIZED_DIRNAME)
+  assert len(cached) == 1 and cached[0].startswith("wmt14_translate_de-en-validation-")
+
+  def no_tokenizing(*args, **kwargs):
+    raise AssertionError("tokenized again instead of reading the cache")
+  monkeypatch.setattr(pipeline, "_tokenize_chunks", no_tokenizing)
+  again = pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False)
+  for (_, a), (_, b) in zip(first.iterate(num_epochs=1), again.iterate(num_epochs=1)):
+    np.testing.assert_array_equal(a["inputs"], b["inputs"])
+    np.testing.assert_array_equal(a["targets"], b["targets"])
+  config.dataset.max_length = 24  # another key: not the same cache
+  with pytest.raises(AssertionError, match="tokenized again"):
+    pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False)
+
+
+def test_ragged_ids_read_like_a_list_of_arrays():
+  ragged = pipeline.RaggedIds(np.arange(10, dtype=np.uint16), np.array([0, 3, 3, 7, 10]))
+  as_list = [np.arange(0, 3), np.arange(3, 3), np.arange(3, 7), np.arange(7, 10)]
+  assert len(ragged) == 4
+  for got, expected in zip(ragged, as_list):
+    np.testing.assert_array_equal(got, expected)
+  np.testing.assert_array_equal(ragged[-1], as_list[-1])
+  assert [list(s) for s in ragged[1:3]] == [[], [3, 4, 5, 6]]
+  np.testing.assert_array_equal(ragged.lengths(), [3, 0, 4, 3])
+  with pytest.raises(IndexError):
+    ragged[4]
+
+
+def test_big_enfr_is_big_with_the_papers_enfr_changes():
+  config, reference = big_enfr.get_config(), big.get_config()
+  assert config.dataset.name == "wmt14_translate/fr-en"
+  assert (config.dataset.source_lang, config.dataset.target_lang) == ("en", "fr")
+  assert config.model.vocab_size == 32000 and config.model.dropout_rate == 0.1
+  assert config.model.d_model == reference.model.d_model == 1024
+  assert config.num_train_steps == reference.num_train_steps == 300_000
+
+
+def plan_for(config, device: str, count: int) -> dict:
+  config.device, config.num_devices = device, count
+  return dry_run.plan(config)
+
+
+def test_dry_run_plans_base_on_8_v100_within_memory_and_the_token_budget():
+  config = base.get_config()
+  plan = plan_for(config, "v100", 8)
+  assert plan["devices"] == "8 x v100" and plan["mesh"] == "data:8"
+  assert (plan["accumulation_steps"] * 8 * plan["micro_batch_tokens"]
+          >= config.tokens_per_batch)
+  assert plan["micro_batch_tokens"] <= plan["max_micro_batch_tokens"]
+  assert plan["fits_in_memory"] == "yes"
+  assert plan["optimizer_state_bytes"] == 2 * 4 * plan["parameters"]  # Adam: two f32 moments
+  assert plan["parameter_bytes"] == 4 * plan["parameters"]
+  assert (plan["state_bytes_per_device"] + plan["activation_bytes_per_device"]
+          <= plan["usable_memory_bytes"])
+  # FLOPs and time follow flops.train_flops and the device's peak at the assumed MFU.
+  rows, length = map(int, plan["flops_batch_shape"].split("x"))
+  assert plan["flops_per_step"] == flops.train_flops(config.model, rows, length, length)
+  assert rows * length <= config.tokens_per_batch
+  peak = devices.kind("v100").peak_flops(config.model.dtype)
+  assert plan["step_time_s"] > 0
+  assert plan["step_time_s"] == pytest.approx(plan["flops_per_step"] / (8 * peak * config.mfu))
+  assert plan["training_time_h"] == pytest.approx(plan["step_time_s"] * 100_000 / 3600)
+
+
+def test_dry_run_accumulates_when_a_micro_batch_does_not_fit():
+  config = big.get_config()
+  plan = plan_for(config, "p100", 1)
+  assert plan["accumulation_steps"] > 1
+  assert plan["accumulation_steps"] * plan["micro_batch_tokens"] >= config.tokens_per_batch
+  assert plan["micro_batch_tokens"] <= plan["max_micro_batch_tokens"]
+  assert plan["gradient_bytes"] == 2 * 4 * plan["parameters"]  # the accumulator too
+  assert plan["accumulate_with"] == (
+      f"--config.micro_batch_tokens_per_device={plan['micro_batch_tokens']}")
+  config.micro_batch_tokens_per_device = 1000  # what the trainer will do, when set
+  plan = plan_for(config, "p100", 1)
+  assert plan["accumulation_steps"] == 25 and plan["micro_batch_tokens"] == 1000
+
+
+def test_dry_run_splits_the_state_over_the_model_axis():
+  config = big.get_config()
+  whole = plan_for(config, "a100", 8)
+  config.mesh = "data:4,model:2"
+  split = plan_for(config, "a100", 8)
+  assert split["state_bytes_per_device"] == pytest.approx(whole["state_bytes_per_device"] / 2, 1e-6)
+  assert split["activation_bytes_per_token"] < whole["activation_bytes_per_token"]
+
+
+def test_scale_md_holds_the_table_the_dry_run_prints():
+  out = io.StringIO()
+  with redirect_stdout(out):
+    dry_run.main(["--table"])
+  table = out.getvalue().strip()
+  assert table.count("\n") == 1 + 2 * (len(dry_run.TABLE_HARDWARE) + 1)
+  assert "| base | 8 x P100 (paper, measured) | 8 | float32 |" in table
+  assert table in (REPO / "docs" / "SCALE.md").read_text()

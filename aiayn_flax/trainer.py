@@ -198,7 +198,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
     checkpoints.save(mngr, step, state, {"position": position.__dict__,
                                          "config": config_dict(config)})
 
-  step = int(state.step)
+  step = start_step = int(state.step)
   progress = Progress(step, config.num_train_steps)
   sums, summary = None, {}
   batches = train_batches.iterate(position)
@@ -257,7 +257,8 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   mngr.wait_until_finished()
   mngr.close()
   writer.flush()
-  return summary | {"step": step, "params_digest": params_digest(state.params)}
+  return summary | {"start_step": start_step, "step": step,
+                    "params_digest": params_digest(state.params)}
 
 
 def log_train_metrics(writer, step, config, sums, progress, state) -> dict:

@@ -36,7 +36,7 @@ def test_notebook_trains_translates_draws_and_scores(shared_data, tmp_path, monk
       metadata={"tags": ["injected-parameters"]}))
   monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
   # Started in notebooks/, as Jupyter would: the notebook finds the checkout's root itself.
-  client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+  client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                    resources={"metadata": {"path": str(NOTEBOOK.parent)}})
   try:
     client.execute()

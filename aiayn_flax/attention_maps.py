@@ -145,7 +145,8 @@ def resolve_layer(maps: AttentionMaps, layer: int) -> int:
 
 def _check_head(maps: AttentionMaps, head: int) -> int:
   if not 0 <= head < maps.num_heads:
-    raise ValueError(f"head {head}: the model has {maps.num_heads} heads (0 to {maps.num_heads - 1})")
+    raise ValueError(f"head {head}: the model has {maps.num_heads} heads "
+                     f"(0 to {maps.num_heads - 1})")
   return head
 
 

@@ -12,12 +12,13 @@ def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
 
 
-def manager(workdir: str, keep: int | None = None, read_only: bool = False) -> ocp.CheckpointManager:
+def manager(workdir: str, keep: int | None = None, read_only: bool = False,
+            asynchronous: bool = True) -> ocp.CheckpointManager:
   """A CheckpointManager over workdir/checkpoints. Saves are asynchronous and atomic: orbax
   writes into a temporary directory and renames it when complete, so a killed writer never
   leaves a checkpoint that looks finished."""
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                         read_only=read_only, enable_async_checkpointing=True)
+                                         read_only=read_only, enable_async_checkpointing=asynchronous)
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
                                item_names=("state", "meta"))
 

@@ -21,7 +21,8 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "name", "num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
     "keep_checkpoints", "eval_bleu_sentences", "beam_size", "length_penalty_alpha",
     "decode_extra_length", "decode_batch_size", "average_last_checkpoints",
-    "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu"})
+    "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
+    "checkpoint_asynchronously"})
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -157,7 +158,8 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
 
   model = train_step.make_model(config)
   mngr = checkpoints.manager(workdir, keep=max(config.keep_checkpoints,
-                                               config.average_last_checkpoints))
+                                               config.average_last_checkpoints),
+                             asynchronous=config.checkpoint_asynchronously)
   new_state = lambda: train_step.create_train_state(config, model)  # noqa: E731
   state_sharding = sharding.train_state_shardings(
       mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model), config.fsdp)

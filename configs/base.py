@@ -100,6 +100,7 @@ def get_config(row: str = ""):
   c.log_every_steps = 100
   c.eval_every_steps = 5000
   c.checkpoint_every_steps = 1500  # "10-minute intervals" (6.1) at the paper's 0.4 s/step
+  c.checkpoint_asynchronously = True  # training goes on while orbax writes
   c.keep_checkpoints = 5
   c.eval_bleu_sentences = 1000  # greedy-decoded validation sentences for the periodic BLEU
 

@@ -18,7 +18,9 @@ from configs import toy
 
 TOY_FLAGS = ["--config=configs/toy.py", "--config.num_train_steps=60",
              "--config.checkpoint_every_steps=20", "--config.log_every_steps=1",
-             "--config.eval_every_steps=1000", "--config.dataset.toy_eval_examples=20"]
+             "--config.eval_every_steps=1000", "--config.dataset.toy_eval_examples=20",
+             # Synchronous saves: a kill at step 30 then surely finds step 20 complete.
+             "--config.checkpoint_asynchronously=false"]
 LOSS_LINE = re.compile(r"step (\d+)/60: loss ([0-9.]+)")
 
 
@@ -107,14 +109,14 @@ def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_ch
   config.dataset.toy_eval_examples = 10
   trainer.train_and_evaluate(config, str(tmp_path))
   good = checkpoints.last_steps(str(tmp_path), 1)
+  model = trainer.train_step.make_model(config)
+  abstract = checkpoints.abstract_of(trainer.train_step.create_train_state(config, model).params)
+  before = checkpoints.load_params(str(tmp_path), abstract, good)
   config.num_train_steps, config.log_every_steps, config.checkpoint_every_steps = 30, 1, 1
   config.max_consecutive_nonfinite_steps = 3
   config.label_smoothing = math.nan  # every loss and gradient is now NaN
   with pytest.raises(trainer.NonFiniteTrainingError, match=r"step 13: 3 consecutive .* step 12"):
     trainer.train_and_evaluate(config, str(tmp_path), force_resume=True)
-  model = trainer.train_step.make_model(config)
-  abstract = checkpoints.abstract_of(trainer.train_step.create_train_state(config, model).params)
-  before = checkpoints.load_params(str(tmp_path), abstract, good)
   after = checkpoints.load_params(str(tmp_path), abstract, [12])
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
     np.testing.assert_array_equal(a, b)  # the skipped updates changed nothing, and saved no NaN

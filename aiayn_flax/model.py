@@ -7,6 +7,11 @@ length, H heads, K per-head query/key size (d_k), V per-head value size (d_v), D
 Decoding (`decode=True`) uses an autoregressive cache (collection "cache"): each self-attention
 layer appends its new key/value at the current step; each cross-attention layer projects the
 encoder output to keys/values once, when the cache is created, and reuses them at every step.
+Cached keys/values are stored heads-major, [B, H, L, K], so that a decoding step's attention is
+a batch of contiguous matrix products (the [B, L, H, K] layout made XLA transpose the whole
+cache at every step). A decoding step may carry several hypotheses per sentence (beam search):
+with N = B * beams rows of queries and B rows of encoder keys/values, each sentence's beams
+attend to its one copy of the encoder output.
 """
 import math
 
@@ -84,14 +89,20 @@ class Dropout(nn.Module):
 
 def attention(q, k, v, mask, dropout_rate, deterministic, module):
   """Scaled dot-product attention (equation 1) with the softmax in float32."""
-  # q: [B, Q, H, K]; k: [B, L, H, K]; v: [B, L, H, V]; mask: broadcastable to [B, H, Q, L]
+  # q: [B, Q, H, K]; k: [B, H, L, K]; v: [B, H, L, V] (heads-major); mask: broadcastable to
+  # [B, H, Q, L]
   q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
-  logits = jnp.einsum("bqhk,blhk->bhql", q, k).astype(jnp.float32)  # [B, H, Q, L]
+  logits = jnp.einsum("bqhk,bhlk->bhql", q, k).astype(jnp.float32)  # [B, H, Q, L]
   logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(logits, axis=-1)
   module.sow("intermediates", "attention_weights", weights)  # for the paper's figures 3-5
   weights = Dropout(dropout_rate)(weights, deterministic=deterministic)
-  return jnp.einsum("bhql,blhv->bqhv", weights.astype(v.dtype), v)  # [B, Q, H, V]
+  return jnp.einsum("bhql,bhlv->bqhv", weights.astype(v.dtype), v)  # [B, Q, H, V]
+
+
+def _heads_major(x):
+  """[B, L, H, K] -> [B, H, L, K]."""
+  return jnp.swapaxes(x, 1, 2)
 
 
 class MultiHeadAttention(nn.Module):
@@ -113,17 +124,23 @@ class MultiHeadAttention(nn.Module):
     if self.is_self_attention:
       qkv = dense((cfg.num_heads, 2 * d_k + d_v), "qkv")(x)  # [B, Q, H, 2K+V]
       q, k, v = jnp.split(qkv, [d_k, 2 * d_k], axis=-1)
+      k, v = _heads_major(k), _heads_major(v)  # [B, H, Q, K]
       if decode:
         k, v, mask = self._append_to_cache(k, v, cache_length)
+      out = attention(q, k, v, mask, cfg.attention_dropout_rate, deterministic, self)
     else:
-      q = dense((cfg.num_heads, d_k), "query")(x)  # [B, Q, H, K]
-      project_memory = lambda: jnp.split(  # noqa: E731
-          dense((cfg.num_heads, d_k + d_v), "key_value")(memory), [d_k], axis=-1)
+      q = dense((cfg.num_heads, d_k), "query")(x)  # [N, Q, H, K]
+      project_memory = lambda: tuple(_heads_major(kv) for kv in jnp.split(  # noqa: E731
+          dense((cfg.num_heads, d_k + d_v), "key_value")(memory), [d_k], axis=-1))
       if decode:  # project the encoder output once, when the cache is created
-        k, v = self.variable("cache", "memory_key_value", project_memory).value
+        k, v = self.variable("cache", "memory_key_value", project_memory).value  # [B, H, S, K]
       else:
         k, v = project_memory()
-    out = attention(q, k, v, mask, cfg.attention_dropout_rate, deterministic, self)
+      # Beam search: the N = B * beams query rows of a sentence are its beams' queries.
+      n, length = q.shape[:2]
+      q = q.reshape(k.shape[0], -1, *q.shape[2:])  # [B, beams * Q, H, K]
+      out = attention(q, k, v, mask, cfg.attention_dropout_rate, deterministic, self)
+      out = out.reshape(n, length, *out.shape[2:])  # [N, Q, H, V]
     return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=dtype,
                            kernel_init=_xavier("heads", "kv", "embed"), bias_init=_zeros("embed"),
                            name="out")(out)  # [B, Q, D]
@@ -131,20 +148,21 @@ class MultiHeadAttention(nn.Module):
   def _append_to_cache(self, k, v, cache_length):
     """Writes this step's key/value at the cache index; returns all keys/values and a mask of
     the positions written so far. On the call that creates the cache, returns k, v unchanged."""
-    batch, _, heads, _ = k.shape
+    # k, v: [B, H, 1, K] heads-major
+    batch, heads = k.shape[:2]
     is_initialized = self.has_variable("cache", "keys")
-    keys = self.variable("cache", "keys", jnp.zeros, (batch, cache_length, heads, k.shape[-1]),
+    keys = self.variable("cache", "keys", jnp.zeros, (batch, heads, cache_length, k.shape[-1]),
                          k.dtype)
     values = self.variable("cache", "values", jnp.zeros,
-                           (batch, cache_length, heads, v.shape[-1]), v.dtype)
+                           (batch, heads, cache_length, v.shape[-1]), v.dtype)
     index = self.variable("cache", "index", lambda: jnp.array(0, dtype=jnp.int32))
     if not is_initialized:
-      return k, v, causal_mask(k.shape[1])
+      return k, v, causal_mask(k.shape[2])
     step = index.value
-    keys.value = jax.lax.dynamic_update_slice(keys.value, k, (0, step, 0, 0))
-    values.value = jax.lax.dynamic_update_slice(values.value, v, (0, step, 0, 0))
+    keys.value = jax.lax.dynamic_update_slice(keys.value, k, (0, 0, step, 0))
+    values.value = jax.lax.dynamic_update_slice(values.value, v, (0, 0, step, 0))
     index.value = step + 1
-    written = jnp.arange(keys.value.shape[1]) <= step  # [cache_length]
+    written = jnp.arange(cache_length) <= step  # [cache_length]
     return keys.value, values.value, written[None, None, None, :]
 
 

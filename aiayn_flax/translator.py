@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
+from flax import traverse_util
 
 from aiayn_flax import decoding, model as model_lib
 from aiayn_flax.data import vocabulary
@@ -34,18 +35,21 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
     _, variables = model.apply({"params": params}, memory, inputs, bos, decode=True,
                                cache_length=max_decode_len, method=model_lib.Transformer.decode,
                                mutable=["cache"])
-    # The source ids travel with the cache (for the cross-attention padding mask), so beam
-    # search expands and reorders them together with the keys and values.
-    cache = {"decoder": variables["cache"], "source": inputs}
+    # What beam search must repeat per beam and reorder (the self-attention keys/values) is
+    # separated from what every beam of a sentence shares (the encoder output's keys/values and
+    # the source ids for the padding mask): the model broadcasts the shared part over beams.
+    per_hypothesis, per_sentence = _split_cache(variables["cache"])
 
-    def tokens_to_logits(ids, cache):
+    def tokens_to_logits(ids, per_hypothesis):
       # ids: [N, 1] -> logits [N, V]
+      cache = traverse_util.unflatten_dict({**traverse_util.flatten_dict(per_hypothesis),
+                                            **per_sentence})
       logits, updated = model.apply(
-          {"params": params, "cache": cache["decoder"]}, None, cache["source"], ids,
-          decode=True, cache_length=max_decode_len, method=model_lib.Transformer.decode,
-          mutable=["cache"])
-      return logits[:, 0], {"decoder": updated["cache"], "source": cache["source"]}
+          {"params": params, "cache": cache}, None, inputs, ids, decode=True,
+          cache_length=max_decode_len, method=model_lib.Transformer.decode, mutable=["cache"])
+      return logits[:, 0], _split_cache(updated["cache"])[0]
 
+    cache = per_hypothesis
     if beam_size == 1:
       return decoding.greedy_decode(tokens_to_logits, cache, max_lengths, max_decode_len,
                                     model_lib.BOS_ID, vocabulary.EOS_ID)
@@ -54,6 +58,15 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
     return sequences[:, 0]
 
   return decode
+
+
+def _split_cache(cache):
+  """The decoder's cache -> (per-hypothesis part as a nested dict, per-sentence part as a flat
+  dict): the cross-attention's `memory_key_value` entries are per sentence."""
+  flat = traverse_util.flatten_dict(cache)
+  per_sentence = {path: value for path, value in flat.items() if path[-1] == "memory_key_value"}
+  per_hypothesis = {path: value for path, value in flat.items() if path not in per_sentence}
+  return traverse_util.unflatten_dict(per_hypothesis), per_sentence
 
 
 class Translator:

@@ -39,7 +39,8 @@ def test_changing_padded_source_tokens_leaves_output_unchanged(pre_layer_norm):
 
 
 def test_padded_positions_are_masked_exactly():
-  """Output at real positions is bit-identical whatever the padded tail's length."""
+  """Output at real positions does not depend on the padded tail's length (up to the rounding
+  of matrix products of a different length)."""
   model = small_model()
   rng = np.random.default_rng(1)
   inputs = np.array(random_tokens(rng, 1, 5))
@@ -47,7 +48,7 @@ def test_padded_positions_are_masked_exactly():
   params = model.init(jax.random.key(0), inputs, targets)
   short = model.apply(params, inputs, targets)
   padded = model.apply(params, np.pad(inputs, ((0, 0), (0, 7))), targets)
-  np.testing.assert_allclose(short, padded, rtol=0, atol=1e-6)
+  np.testing.assert_allclose(short, padded, rtol=0, atol=1e-5)
 
 
 def test_future_target_tokens_do_not_change_earlier_outputs():

@@ -4,6 +4,7 @@ Any config field can be overridden: --config.num_train_steps=1000 --config.mesh=
 --dry_run prints the plan (parameters, batch, mesh, FLOPs) without building the model.
 """
 import os
+import re
 import sys
 
 from absl import app, flags, logging
@@ -38,5 +39,21 @@ def main(argv):
   print(f"params_digest: {summary['params_digest']}")
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with an unknown --config.KEY reported in one line, not a traceback
+  from inside ml_collections."""
+  try:
+    return FLAGS(argv)
+  except (AttributeError, KeyError) as e:
+    message = str(e).encode().decode("unicode_escape")  # ml_collections' message, unescaped
+    key = re.search(r"'(\w+)'", message)
+    key = key.group(1) if key else message
+    suggestion = re.search(r'Did you mean "(\w+)"', message)
+    given = [a for a in argv[1:] if a.startswith("--config.") and key in a.split("=", 1)[0]]
+    sys.exit(f"train.py: error: {' '.join(given) or key}: the config has no field {key!r}"
+             + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else "")
+             + "; run with --dry_run, or read the config file, for the fields it has")
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -108,6 +108,51 @@ def test_evaluate_without_checkpoint_says_what_to_do(tmp_path):
   assert "no checkpoint; train first" in result.stderr.strip().splitlines()[-1]
 
 
+def test_evaluate_with_a_missing_workdir_names_it(tmp_path):
+  result = run_script("evaluate.py", f"--workdir={tmp_path / 'nowhere'}",
+                      "--testset=multi30k/test2016")
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"evaluate.py: error: --workdir={tmp_path / 'nowhere'}: no such directory")
+
+
+def test_unknown_config_key_is_a_one_line_error():
+  result = run_script("train.py", "--config=configs/toy.py", "--config.model.d_modle=64",
+                      "--dry_run")
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines() == [
+      "train.py: error: --config.model.d_modle=64: the config has no field 'd_modle' (did you "
+      "mean 'd_model'?); run with --dry_run, or read the config file, for the fields it has"]
+
+
+def test_missing_data_folder_is_a_one_line_error(tmp_path):
+  env_dir = tmp_path / "no_data_here"
+  result = subprocess.run(
+      [sys.executable, "train.py", "--config=configs/multi30k.py", f"--workdir={tmp_path / 'w'}"],
+      cwd=REPO, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", AIAYN_DATA_DIR=str(env_dir)))
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      f"train.py: error: AIAYN_DATA_DIR={env_dir}: no such folder;")
+
+
+def test_vocabulary_that_does_not_match_the_checkpoint_is_refused(shared_data, tmp_path):
+  from aiayn_flax import run_dir
+  from aiayn_flax.data import text_files, vocabulary
+  from configs import multi30k as multi30k_config
+  english, _ = text_files.read_parallel_lines(str(shared_data / "wmt14/newstest2013.en"),
+                                                   str(shared_data / "wmt14/newstest2013.de"))
+  vocabulary.train_vocabulary(english[:300], str(tmp_path / "vocab.model"), 400)
+  config = multi30k_config.get_config()  # a checkpoint's embedding of 8000 rows
+  try:
+    run_dir.load_vocabulary(str(tmp_path), config)
+  except ValueError as e:
+    assert str(e).startswith(f"{tmp_path / 'vocab.model'} has 400 pieces but "
+                             "config.model.vocab_size is 8000")
+  else:
+    raise AssertionError("a 400-piece vocabulary was accepted for an 8000-row embedding")
+
+
 def test_translation_is_the_same_alone_and_inside_a_batch(toy_run):
   from aiayn_flax import run_dir
   from aiayn_flax.translator import Translator

@@ -57,6 +57,10 @@ def local_split_paths(split: str) -> tuple[str, str] | None:
   data_dir = os.environ.get("AIAYN_DATA_DIR")
   if not data_dir:
     return None
+  if not os.path.isdir(data_dir):
+    raise FileNotFoundError(
+        f"AIAYN_DATA_DIR={data_dir}: no such folder; point it at a folder laid out like "
+        "../shared/data (with multi30k/ inside), or unset it to download Multi30k")
   en_path, de_path = (os.path.join(data_dir, "multi30k", f"{stem}.{lang}.gz") for lang in LANGUAGES)
   # Only the EN file decides: a missing DE file then fails loudly instead of downloading.
   return (en_path, de_path) if os.path.exists(en_path) else None
@@ -97,7 +101,14 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
     if local:
       logging.info("Multi30k %s: reading local files %s", split, local)
       return local
-    downloaded = dl_manager.download(split_urls(split))
+    urls = split_urls(split)
+    try:
+      downloaded = dl_manager.download(urls)
+    except Exception as e:  # noqa: BLE001 - offline, proxy, HTTP error: one line that says what to do
+      raise FileNotFoundError(
+          f"could not download Multi30k {split} from {urls['en']} ({type(e).__name__}); when "
+          "offline, set AIAYN_DATA_DIR to a folder holding multi30k/ (laid out like "
+          "../shared/data)") from e
     return tuple(os.fspath(downloaded[lang]) for lang in LANGUAGES)
 
   def _generate_examples(self, en_path: str, de_path: str):

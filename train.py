@@ -24,11 +24,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  from aiayn_flax import dry_run, trainer  # after flag parsing: keeps --help fast
+  from aiayn_flax import dry_run, sharding, trainer  # after flag parsing: keeps --help fast
   config = FLAGS.config
   if FLAGS.dry_run:
     print(dry_run.plan_text(config))
     return
+  sharding.initialize_distributed()  # a multi-host slice: join the other processes first
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required to train")
   try:

@@ -157,7 +157,10 @@ def plan(config) -> dict:
   plan_ = {
       "config": config.name,
       "parameters": flops.parameter_count(config.model),
-      "tokens_per_optimizer_step": config.tokens_per_batch,
+      "tokens_per_batch": config.tokens_per_batch,  # asked for, per side
+      # what the plan delivers: data shards x micro-batch x accumulation steps
+      "tokens_per_optimizer_step": (mesh["data"] * memory["micro_batch_tokens"]
+                                    * memory["accumulation_steps"]),
       "devices": f"{num_devices} x {kind.name}",
       "device": kind.description,
       "mesh": ",".join(f"{k}:{v}" for k, v in mesh.items()),

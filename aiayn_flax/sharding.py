@@ -5,7 +5,14 @@ model.py); the rules below map them to mesh axes: with a `model` axis, attention
 units and the vocabulary are split across it (tensor parallelism, Megatron-style); with
 `fsdp`, the d_model axis of every parameter is also split over `data`. Optimizer moments
 follow their parameters.
+
+Multi-host (a TPU pod slice, several GPU hosts): `initialize_distributed` joins the processes
+before anything touches a device; every host builds the same global batch (its order is a
+function of seed and epoch) and hands over only the rows of its own devices (`put_batch`);
+checkpoints are written collectively by orbax, and only host 0 writes logs.
 """
+import os
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -43,8 +50,37 @@ def make_mesh(spec: str, devices=None) -> Mesh:
   return Mesh(np.asarray(devices).reshape(tuple(axes.values())), tuple(axes))
 
 
+def initialize_distributed() -> bool:
+  """jax.distributed.initialize() when the environment says this process is one of several:
+  a multi-host TPU slice (TPU_WORKER_HOSTNAMES lists several hosts), a SLURM job of several
+  tasks, or an explicit coordinator (JAX_COORDINATOR_ADDRESS). JAX reads the rest from the
+  same environment. Returns whether it initialized."""
+  tpu_hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  several = ("," in tpu_hosts or int(os.environ.get("SLURM_NTASKS", "1")) > 1
+             or bool(os.environ.get("JAX_COORDINATOR_ADDRESS")))
+  if several:
+    jax.distributed.initialize()
+  return several
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P("data"))
+
+
+def put_batch(batch: dict, sharding: NamedSharding) -> dict:
+  """Places this host's copy of a global batch [rows, ...] on the mesh, rows split along
+  `data`. With several processes each passes only its own block of rows (process i holds
+  rows i * rows / processes onwards, the devices of a mesh built from jax.devices() being
+  ordered by process)."""
+  if jax.process_count() == 1:
+    return jax.device_put(batch, sharding)
+
+  def local_rows(x):
+    per_process = x.shape[0] // jax.process_count()
+    start = jax.process_index() * per_process
+    return jax.make_array_from_process_local_data(sharding, x[start:start + per_process],
+                                                  x.shape)
+  return jax.tree.map(local_rows, batch)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -104,7 +104,7 @@ class StopSignals:
 def evaluate_loss(eval_fn, params, batches, batch_sharding) -> dict:
   sums = None
   for _, batch in batches.iterate(num_epochs=1):
-    metrics = eval_fn(params, jax.device_put(batch, batch_sharding))
+    metrics = eval_fn(params, sharding.put_batch(batch, batch_sharding))
     sums = metrics if sums is None else jax.tree.map(np.add, sums, metrics)
   return train_step.summarize(jax.device_get(sums))
 
@@ -209,14 +209,14 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
       if accumulation == 1:
         position, batch = next(batches)
         progress.tokens += real_tokens(batch)
-        state, metrics = step_fn(state, jax.device_put(batch, batch_sharding), rng)
+        state, metrics = step_fn(state, sharding.put_batch(batch, batch_sharding), rng)
       else:  # sum gradients over micro-batches, then one update per real target token
         accumulated = None
         for micro_step in range(accumulation):
           position, batch = next(batches)
           progress.tokens += real_tokens(batch)
           accumulated = accumulate_fn(accumulated, state.params,
-                                      jax.device_put(batch, batch_sharding), rng, state.step,
+                                      sharding.put_batch(batch, batch_sharding), rng, state.step,
                                       micro_step)
           if wait_each_step:
             jax.block_until_ready(accumulated)

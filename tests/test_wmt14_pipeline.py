@@ -179,6 +179,13 @@ def test_dry_run_plans_base_on_8_v100_within_memory_and_the_token_budget():
   assert plan["training_time_h"] == pytest.approx(plan["step_time_s"] * 100_000 / 3600)
 
 
+@pytest.mark.parametrize("device,count", [("h100", 1), ("p100", 1), ("v100", 8), ("tpu_v3", 8)])
+def test_dry_run_of_big_plans_the_papers_model_and_batch(device, count):
+  plan = plan_for(big.get_config(), device, count)
+  assert plan["parameters"] == pytest.approx(213e6, rel=0.02)  # Table 3: 213M
+  assert plan["tokens_per_optimizer_step"] == pytest.approx(25_000, rel=0.10)
+
+
 def test_dry_run_accumulates_when_a_micro_batch_does_not_fit():
   config = big.get_config()
   plan = plan_for(config, "p100", 1)

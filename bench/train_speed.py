@@ -1,0 +1,210 @@
+"""Training speed: our step against the PyTorch peer, MFU, and how throughput scales.
+
+  python bench/train_speed.py                    # small and base vs the peer, 3 pairs each
+  python bench/train_speed.py --scaling          # and tokens/s as batch and length grow
+  python bench/train_speed.py --sizes= --config=configs/multi30k.py --batch=80 --length=32
+
+Sizes (those of ../shared/bench/torch_peer.py): `small` is configs/multi30k.py's model (d_model
+256, 3+3 layers, d_ff 1024, 4 heads, vocabulary 8000) on 32x64 batches; `base` is the paper's
+base with a 32,000-piece vocabulary on 16x128 batches. Batches are synthetic with the peer's
+padding pattern (the last quarter of every row is padding); tokens/s counts real source +
+target tokens. For each size, our jitted step (compiled once, then warmed up) and the peer (a
+subprocess that warms up before its own timer) are timed alternately, A B A B ..., so that
+both see the same machine load; the ratio is the median over pairs of peer time / our time.
+MFU is the model's analytic training FLOPs (aiayn_flax/flops.py) per second over an f32 matmul
+peak measured in this process.
+
+The peer needs torch==2.13.0 (CPU build), which is not a project dependency: it is installed
+into .bench_venv/torch on first use (set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+for the CPU-only wheel), or pass --torch_python=PATH of an interpreter that has it.
+"""
+import functools
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from aiayn_flax import flops, optimizer, train_step  # noqa: E402
+
+config_flags.DEFINE_config_file("config", "configs/multi30k.py",
+                                "Config timed alone when --sizes is empty.")
+flags.DEFINE_list("sizes", ["small", "base"], "Peer sizes to compare with (small, base).")
+flags.DEFINE_integer("pairs", 3, "Alternating (ours, peer) timings per size.")
+flags.DEFINE_integer("steps", 5, "Timed steps per timing.")
+flags.DEFINE_bool("scaling", False, "Also print tokens/s as the batch and the length grow.")
+flags.DEFINE_integer("batch", 0, "With --sizes empty: rows per batch (0: tokens_per_batch // "
+                     "length).")
+flags.DEFINE_integer("length", 32, "With --sizes empty: padded length of source and target.")
+flags.DEFINE_string("torch_python", "", "Python with torch==2.13.0 (default: .bench_venv/torch, "
+                    "created on first use).")
+FLAGS = flags.FLAGS
+
+PEER = os.path.join(os.path.dirname(REPO), "shared", "bench", "torch_peer.py")
+TORCH_VENV = os.path.join(REPO, ".bench_venv", "torch")
+
+
+def size_config(size: str):
+  """Our config for a peer size, and its batch shape (rows, length)."""
+  from configs import base, multi30k
+  if size == "small":
+    return multi30k.get_config(), (32, 64)
+  if size == "base":
+    config = base.get_config()
+    config.model.vocab_size = 32000  # the peer's
+    return config, (16, 128)
+  raise ValueError(f"--sizes: unknown size {size!r} (expected small or base)")
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> float:
+  """Best-of-`repeats` f32 GFLOP/s of an n x n x n matmul."""
+  a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
+  matmul = jax.jit(lambda x, y: x @ y)
+  matmul(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * n ** 3 / best / 1e9
+
+
+def synthetic_batch(rng, batch: int, length: int, vocab: int) -> dict:
+  """Random ids in [4, vocab) with the last quarter of every row padded, as the torch peer."""
+  tokens = {k: rng.integers(4, vocab, (batch, length)).astype(np.int32)
+            for k in ("inputs", "targets")}
+  for v in tokens.values():
+    v[:, length - length // 4:] = 0
+  return tokens
+
+
+def real_tokens(batch: int, length: int) -> int:
+  return 2 * batch * (length - length // 4)
+
+
+class OurStep:
+  """The jitted training step on one batch shape: compiled and warmed up once, then timed."""
+
+  def __init__(self, config, batch: int, length: int):
+    self.config, self.batch, self.length = config, batch, length
+    model = train_step.make_model(config)
+    self.state = train_step.create_train_state(config, model)
+    self.step_fn = jax.jit(functools.partial(
+        train_step.train_step, model=model, label_smoothing=config.label_smoothing,
+        schedule=optimizer.learning_rate_schedule(config)), donate_argnums=0)
+    rng = np.random.default_rng(0)
+    self.batches = [synthetic_batch(rng, batch, length, config.model.vocab_size)
+                    for _ in range(4)]
+    self.key = train_step.dropout_key(0)
+    self.seconds_per_step(2)  # compile and warm up
+
+  def seconds_per_step(self, steps: int) -> float:
+    start = time.perf_counter()
+    for i in range(steps):
+      self.state, metrics = self.step_fn(self.state, self.batches[i % len(self.batches)],
+                                         self.key)
+    jax.block_until_ready((self.state, metrics))
+    return (time.perf_counter() - start) / steps
+
+  def flops_per_step(self) -> float:
+    return flops.train_flops(self.config.model, self.batch, self.length, self.length)
+
+
+def torch_python() -> str:
+  """An interpreter with torch==2.13.0: --torch_python, or .bench_venv/torch (made if missing)."""
+  if FLAGS.torch_python:
+    return FLAGS.torch_python
+  python = os.path.join(TORCH_VENV, "bin", "python")
+  if not os.path.exists(python):
+    print(f"installing torch==2.13.0 into {TORCH_VENV} (once)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", TORCH_VENV], check=True)
+    subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
+  return python
+
+
+def peer_seconds_per_step(python: str, size: str, batch: int, length: int, steps: int) -> float:
+  result = subprocess.run(
+      [python, PEER, "--size", size, "--batch", str(batch), "--length", str(length),
+       "--steps", str(steps)], capture_output=True, text=True, check=True)
+  match = re.search(r"step_ms=([0-9.]+)", result.stdout)
+  if not match:
+    raise RuntimeError(f"{PEER} printed no step_ms: {result.stdout} {result.stderr[-2000:]}")
+  return float(match.group(1)) / 1000
+
+
+def compare_with_peer(size: str, peak: float, python: str) -> dict:
+  config, (batch, length) = size_config(size)
+  ours = OurStep(config, batch, length)
+  pairs = []
+  for _ in range(FLAGS.pairs):
+    ours_s = ours.seconds_per_step(FLAGS.steps)
+    peer_s = peer_seconds_per_step(python, size, batch, length, FLAGS.steps)
+    pairs.append((ours_s, peer_s))
+    print(f"  {size} pair: ours {ours_s * 1000:.0f} ms, peer {peer_s * 1000:.0f} ms per step",
+          flush=True)
+  ours_s = statistics.median(o for o, _ in pairs)
+  peer_s = statistics.median(p for _, p in pairs)
+  tokens = real_tokens(batch, length)
+  return {"size": size, "batch": f"{batch}x{length}",
+          "ours_tokens_per_s": tokens / ours_s, "peer_tokens_per_s": tokens / peer_s,
+          "ratio": statistics.median(p / o for o, p in pairs),
+          "mfu": ours.flops_per_step() / ours_s / 1e9 / peak}
+
+
+def scaling_rows(config, peak: float, base_batch: int, base_length: int) -> list[dict]:
+  """tokens/s and MFU as the batch's tokens grow (x1, x2, x4), then as the length grows at the
+  base batch's token count."""
+  shapes = [(base_batch * k, base_length) for k in (1, 2, 4)]
+  tokens = base_batch * base_length
+  shapes += [(tokens // length, length) for length in (32, 64, 128, 256)]
+  rows = []
+  for batch, length in shapes:
+    ours = OurStep(config, batch, length)
+    seconds = min(ours.seconds_per_step(FLAGS.steps) for _ in range(2))
+    rows.append({"batch": f"{batch}x{length}",
+                 "tokens_per_s": real_tokens(batch, length) / seconds,
+                 "mfu": ours.flops_per_step() / seconds / 1e9 / peak})
+  return rows
+
+
+def main(argv):
+  del argv
+  peak = matmul_peak_gflops()
+  print(f"machine: {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.devices()[0].platform}, "
+        f"f32 matmul peak {peak:.1f} GFLOP/s (2048^3, best of 10)")
+  if not FLAGS.sizes:
+    config = FLAGS.config
+    batch = FLAGS.batch or config.tokens_per_batch // FLAGS.length
+    ours = OurStep(config, batch, FLAGS.length)
+    seconds = ours.seconds_per_step(FLAGS.steps)
+    print(f"{config.name} {batch}x{FLAGS.length}: {seconds * 1000:.0f} ms per step, "
+          f"{real_tokens(batch, FLAGS.length) / seconds:.0f} tokens/s, "
+          f"MFU {ours.flops_per_step() / seconds / 1e9 / peak:.3f}")
+    return
+  python = torch_python()
+  results = [compare_with_peer(size, peak, python) for size in FLAGS.sizes]
+  print("\n| size | batch | ours tokens/s | torch tokens/s | ours / torch (median of pairs) "
+        "| our MFU |\n|---|---|---:|---:|---:|---:|")
+  for r in results:
+    print(f"| {r['size']} | {r['batch']} | {r['ours_tokens_per_s']:.0f} | "
+          f"{r['peer_tokens_per_s']:.0f} | {r['ratio']:.2f} | {r['mfu']:.2f} |")
+  if FLAGS.scaling:
+    for size in FLAGS.sizes:
+      config, (batch, length) = size_config(size)
+      print(f"\n{size}: | batch | tokens/s | MFU |\n|---|---:|---:|")
+      for row in scaling_rows(config, peak, batch, length):
+        print(f"| {row['batch']} | {row['tokens_per_s']:.0f} | {row['mfu']:.2f} |")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -4,8 +4,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import traverse_util
 
-from aiayn_flax import flops, model as model_lib
+from aiayn_flax import decoding, flops, model as model_lib, translator
 from configs import base, big, multi30k
 
 
@@ -93,6 +94,31 @@ def test_cached_decoding_matches_full_forward(positions):
                                   method=model_lib.Transformer.decode, mutable=["cache"])
     cache = updated["cache"]
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, rtol=0)
+
+
+def test_beams_attending_to_one_copy_of_the_encoder_output_match_repeated_copies():
+  """Beam search keeps the encoder's keys/values once per sentence: K query rows per sentence
+  against them give the logits of K explicit copies."""
+  model, beams = small_model(), 3
+  rng = np.random.default_rng(4)
+  inputs = np.array(random_tokens(rng, 2, 6))
+  inputs[1, 4:] = 0
+  params = model.init(jax.random.key(0), inputs, random_tokens(rng, 2, 5))["params"]
+  memory = model.apply({"params": params}, inputs, method=model_lib.Transformer.encode)
+  bos = jnp.full((2, 1), model_lib.BOS_ID, jnp.int32)
+  _, cache = model.apply({"params": params}, memory, inputs, bos, decode=True, cache_length=5,
+                         method=model_lib.Transformer.decode, mutable=["cache"])
+  per_hypothesis, per_sentence = translator._split_cache(cache["cache"])
+  shared = traverse_util.unflatten_dict(
+      {**traverse_util.flatten_dict(decoding.expand_to_beams(per_hypothesis, beams)),
+       **per_sentence})
+  repeated = decoding.expand_to_beams(cache["cache"], beams)
+  ids = random_tokens(rng, 2 * beams, 1)
+  step = lambda c, source: model.apply(  # noqa: E731
+      {"params": params, "cache": c}, None, source, ids, decode=True, cache_length=5,
+      method=model_lib.Transformer.decode, mutable=["cache"])[0]
+  np.testing.assert_allclose(step(shared, inputs), step(repeated, np.repeat(inputs, beams, 0)),
+                             atol=1e-6, rtol=0)
 
 
 def test_embedding_is_shared_and_tied():

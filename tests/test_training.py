@@ -66,6 +66,7 @@ def _toy_state_and_batches(dropout_rate=0.0, dtype="float32"):
   config = toy.get_config()
   config.model.dropout_rate, config.model.dtype = dropout_rate, dtype
   config.label_smoothing = 0.1
+  config.learning_rate_scale = 0.5  # high enough that a few steps visibly lower the loss
   model = train_step.make_model(config)
   rng = np.random.default_rng(0)
   batches = []

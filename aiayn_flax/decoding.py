@@ -14,6 +14,10 @@ and padding mask, a position counter...). The cache contract:
   * scalar leaves (ndim 0, e.g. the current decoding position) are shared by all rows and are
     passed through untouched.
 
+A model may instead keep its per-hypothesis state in place and give beam search its own
+`reorder_cache` (see `beam_search`): model.py's decoder does, so that reordering moves a small
+table instead of every layer's keys and values.
+
 The searches run a fixed number of rows every step (static shapes under `jax.jit`), so rows
 that have nothing left to say are still fed a token: PAD for finished rows in greedy search, an
 arbitrary token for empty beams. Their logits are ignored.
@@ -158,14 +162,16 @@ class _BeamState(NamedTuple):
   step: jax.Array  # int32[]: tokens generated so far by every alive hypothesis
   alive_seqs: jax.Array  # int32[B, K, L]: generated tokens (no EOS yet), PAD beyond `step`
   alive_log_probs: jax.Array  # float32[B, K]: sum of the tokens' log-probs
-  alive_cache: Cache  # leaves [B * K, ...]: the model's state of each alive hypothesis
+  alive_cache: Cache  # the model's state of the alive hypotheses (leaves [B * K, ...])
   finished_seqs: jax.Array  # int32[B, K, L]: ending with EOS, PAD after it
   finished_scores: jax.Array  # float32[B, K]: log-prob / length_penalty(length)
 
 
 def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax.Array,
                 max_decode_len: int, bos_id: int, eos_id: int, beam_size: int,
-                alpha: float = 0.6) -> tuple[jax.Array, jax.Array]:
+                alpha: float = 0.6,
+                reorder_cache: Callable[[Cache, jax.Array], Cache] | None = None
+                ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty, as in tensor2tensor, with fairseq's EOS rule.
 
   Each sentence keeps K = beam_size alive hypotheses (no EOS yet) and the K best finished ones
@@ -173,8 +179,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
 
     1. score the V one-token extensions of each alive hypothesis: K * V candidates;
     2. keep the best 2K: each parent has only one EOS extension, so at least K of them go on;
-    3. the best K that do not end with EOS become the new alive hypotheses, and their cache rows
-       are gathered from their parents;
+    3. the best K that do not end with EOS become the new alive hypotheses, and the cache
+       follows them to their parents (`reorder_cache`);
     4. the candidates ending with EOS that rank in the step's best K (those a beam of K would
        hold, as in fairseq) are finished: scored log-prob / length_penalty(length) and merged
        into the K best finished ones. Without the rank condition, beam_size=1 would not be
@@ -190,12 +196,15 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
   Args:
     tokens_to_logits: the model, see the module docstring.
     cache: the model's state before the first step, leaves [B, ...] (scalars shared); it is
-      expanded to [B * beam_size, ...] here.
+      expanded to [B * beam_size, ...] here. With `reorder_cache`, it is taken as it is.
     max_lengths: int32[B], the most tokens (EOS included) sentence b may generate.
     max_decode_len: static length of the output buffer.
     bos_id, eos_id: token ids fed first / ending a sentence.
     beam_size: static K.
     alpha: length-penalty exponent (0.6 in the paper's setup); may be traced.
+    reorder_cache: (cache, parents int32[B, K]) -> the cache of hypotheses that continue
+      hypothesis parents[b, k] of sentence b. None: `gather_beams` of every row. A model that
+      gives its own also lays its cache out for B * K hypotheses before the first step.
 
   Returns:
     sequences int32[B, K, max_decode_len] (tokens, EOS included, PAD after it) and scores
@@ -205,6 +214,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
   batch_size = jnp.shape(max_lengths)[0]
   last_steps = _last_allowed_steps(max_lengths, max_decode_len)  # [B]
   k = beam_size
+  if reorder_cache is None:
+    cache, reorder_cache = expand_to_beams(cache, k), gather_beams
 
   def not_done(state: _BeamState):
     best_alive = state.alive_log_probs[:, 0]  # [B]
@@ -256,7 +267,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
         jnp.where(top_is_eos, NEG_INF, top_log_probs), k)  # [B, K], indices into the 2K
     alive_seqs = _select_beams(top_seqs, alive_picks)  # [B, K, L]
     alive_parents = _select_beams(top_parents, alive_picks)  # [B, K]
-    alive_cache = gather_beams(new_cache, alive_parents)  # leaves [B*K, ...]
+    alive_cache = reorder_cache(new_cache, alive_parents)
 
     # 4. Finished: EOS candidates among the step's best K, merged with the finished set.
     new_scores = jnp.where(top_is_eos[:, :k],
@@ -282,7 +293,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
       step=jnp.array(0, jnp.int32),
       alive_seqs=jnp.full((batch_size, k, max_decode_len), PAD_ID, jnp.int32),
       alive_log_probs=jnp.tile(first_beam_only, (batch_size, 1)),  # [B, K]
-      alive_cache=expand_to_beams(cache, k),  # leaves [B*K, ...]
+      alive_cache=cache,
       finished_seqs=jnp.full((batch_size, k, max_decode_len), PAD_ID, jnp.int32),
       finished_scores=jnp.full((batch_size, k), NEG_INF, jnp.float32))
   final = lax.while_loop(not_done, decode_one_token, initial)

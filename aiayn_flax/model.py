@@ -7,11 +7,16 @@ length, H heads, K per-head query/key size (d_k), V per-head value size (d_v), D
 Decoding (`decode=True`) uses an autoregressive cache (collection "cache"): each self-attention
 layer appends its new key/value at the current step; each cross-attention layer projects the
 encoder output to keys/values once, when the cache is created, and reuses them at every step.
-Cached keys/values are stored heads-major, [B, H, L, K], so that a decoding step's attention is
-a batch of contiguous matrix products (the [B, L, H, K] layout made XLA transpose the whole
-cache at every step). A decoding step may carry several hypotheses per sentence (beam search):
-with N = B * beams rows of queries and B rows of encoder keys/values, each sentence's beams
-attend to its one copy of the encoder output.
+Cached keys/values are stored heads-major, so that a decoding step's attention is a batch of
+contiguous matrix products (the [B, L, H, K] layout made XLA transpose the whole cache at every
+step). A decoding step may carry several hypotheses per sentence (beam search): N = B * beams
+rows of decoder inputs, where B is the number of source sentences. Each sentence's beams attend
+to its one copy of the encoder output, and its self-attention cache has one slot per beam
+and position: at step t the hypothesis in beam k writes its key/value to slot k of position t,
+and never moves it. The decoder's cache records, for each hypothesis and position, the slot
+that holds its ancestor's key/value (`slots`); the queries of a sentence's beams attend to all
+of its slots, masked to their own ancestry. So when beam search reorders hypotheses it moves
+only that small table (`reorder_decode_cache`) instead of every layer's keys and values.
 """
 import math
 
@@ -20,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aiayn_flax import decoding
 from aiayn_flax.data.vocabulary import BOS_ID, PAD_ID  # BOS is the decoder's first input
 
 _LAYER_NORM_EPSILON = 1e-6
@@ -71,19 +77,31 @@ def causal_mask(length: int) -> jnp.ndarray:
   return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
 
 
+def _mix32(x):
+  """A 32-bit integer hash with full avalanche (the "lowbias32" finalizer, C. Wellons)."""
+  x = (x ^ (x >> 16)) * jnp.uint32(0x7FEB352D)
+  x = (x ^ (x >> 15)) * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
 class Dropout(nn.Module):
-  """Inverted dropout that draws 16 random bits per element instead of nn.Dropout's 32: the
-  random bits are most of dropout's cost on CPU. The drop probability is rate rounded to a
-  multiple of 2^-16 (0.1 -> 0.100006)."""
+  """Inverted dropout whose random bits are a counter-based hash of each element's index, keyed
+  by two words drawn from the "dropout" rng: a few integer operations that XLA fuses into the
+  masking, where nn.Dropout's threefry bits were 7-8% of a training step on CPU (measured in
+  docs/PERFORMANCE.md). The mask depends on the element's index in the whole array, not on how
+  the array is sharded. The drop probability is rate rounded to a multiple of 2^-32."""
   rate: float
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
     if deterministic or self.rate == 0.0:
       return x
-    words = jax.random.bits(self.make_rng("dropout"), ((x.size + 1) // 2,), jnp.uint32)
-    uniform16 = jnp.concatenate([words & 0xFFFF, words >> 16])[:x.size].reshape(x.shape)
-    keep = uniform16 >= jnp.uint32(round(self.rate * 65536))
+    if x.size >= 2 ** 32:
+      raise ValueError(f"Dropout: {x.size} elements overflow its 32-bit element counter")
+    seed = jax.random.bits(self.make_rng("dropout"), (2,), jnp.uint32)
+    counter = jax.lax.iota(jnp.uint32, x.size).reshape(x.shape)
+    bits = _mix32(_mix32(counter ^ seed[0]) + seed[1])
+    keep = bits >= jnp.uint32(min(round(self.rate * 2 ** 32), 2 ** 32 - 1))
     return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
 
 
@@ -113,8 +131,9 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x, memory, mask, *, deterministic: bool, decode: bool = False,
-               cache_length: int = 0):
-    # x: [B, Q, D]; memory: [B, S, D] or None (self-attention, and cross-attention steps)
+               cache_length: int = 0, position=None, beams: int = 1):
+    # x: [B, Q, D] ([N, 1, D] when decoding); memory: [B, S, D] or None (self-attention, and
+    # cross-attention steps); position: the decoding step; beams: N // B when decoding
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     d_k, d_v = head_dims(cfg)
@@ -126,44 +145,68 @@ class MultiHeadAttention(nn.Module):
       q, k, v = jnp.split(qkv, [d_k, 2 * d_k], axis=-1)
       k, v = _heads_major(k), _heads_major(v)  # [B, H, Q, K]
       if decode:
-        k, v, mask = self._append_to_cache(k, v, cache_length)
+        return self._decoding_step(q, k, v, mask, cache_length, position, beams)
       out = attention(q, k, v, mask, cfg.attention_dropout_rate, deterministic, self)
     else:
       q = dense((cfg.num_heads, d_k), "query")(x)  # [N, Q, H, K]
       project_memory = lambda: tuple(_heads_major(kv) for kv in jnp.split(  # noqa: E731
           dense((cfg.num_heads, d_k + d_v), "key_value")(memory), [d_k], axis=-1))
       if decode:  # project the encoder output once, when the cache is created
-        k, v = self.variable("cache", "memory_key_value", project_memory).value  # [B, H, S, K]
+        k, v_transposed = self.variable(
+            "cache", "memory_key_value",
+            lambda: (lambda k, v: (k, jnp.swapaxes(v, 2, 3)))(*project_memory())).value
+        n = q.shape[0]
+        out = _decoding_attention(q[:, 0].reshape(k.shape[0], -1, *q.shape[2:]), k,
+                                  v_transposed, mask)  # [B, beams, H, V]
+        out = out.reshape(n, 1, *out.shape[2:])
       else:
-        k, v = project_memory()
-      # Beam search: the N = B * beams query rows of a sentence are its beams' queries.
-      n, length = q.shape[:2]
-      q = q.reshape(k.shape[0], -1, *q.shape[2:])  # [B, beams * Q, H, K]
-      out = attention(q, k, v, mask, cfg.attention_dropout_rate, deterministic, self)
-      out = out.reshape(n, length, *out.shape[2:])  # [N, Q, H, V]
-    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=dtype,
+        out = attention(q, *project_memory(), mask, cfg.attention_dropout_rate, deterministic,
+                        self)
+    return self._output_projection(out)
+
+  def _output_projection(self, out):
+    return nn.DenseGeneral(self.config.d_model, axis=(-2, -1), dtype=jnp.dtype(self.config.dtype),
                            kernel_init=_xavier("heads", "kv", "embed"), bias_init=_zeros("embed"),
                            name="out")(out)  # [B, Q, D]
 
-  def _append_to_cache(self, k, v, cache_length):
-    """Writes this step's key/value at the cache index; returns all keys/values and a mask of
-    the positions written so far. On the call that creates the cache, returns k, v unchanged."""
-    # k, v: [B, H, 1, K] heads-major
-    batch, heads = k.shape[:2]
+  def _decoding_step(self, q, k, v, mask, cache_length, position, beams):
+    """Writes this step's keys/values to the hypotheses' slots and attends to the sentence's
+    slots under `mask` (from `Decoder`); the call that creates the cache attends to this step
+    alone. Keys are cached [B, H, L * beams, K] and values transposed, [B, H, V, L * beams],
+    slot-minor, so that a step writes one contiguous block per sentence and head, and both
+    products contract the cache along its last axis (see `_decoding_attention`)."""
+    # q: [N, 1, H, K]; k, v: [N, H, 1, K] heads-major; mask: [B, 1, beams, L * beams]
+    n, heads = k.shape[:2]
+    batch = n // beams
     is_initialized = self.has_variable("cache", "keys")
-    keys = self.variable("cache", "keys", jnp.zeros, (batch, heads, cache_length, k.shape[-1]),
-                         k.dtype)
+    keys = self.variable("cache", "keys", jnp.zeros,
+                         (batch, heads, cache_length * beams, k.shape[-1]), k.dtype)
     values = self.variable("cache", "values", jnp.zeros,
-                           (batch, heads, cache_length, v.shape[-1]), v.dtype)
-    index = self.variable("cache", "index", lambda: jnp.array(0, dtype=jnp.int32))
+                           (batch, heads, v.shape[-1], cache_length * beams), v.dtype)
     if not is_initialized:
-      return k, v, causal_mask(k.shape[2])
-    step = index.value
-    keys.value = jax.lax.dynamic_update_slice(keys.value, k, (0, 0, step, 0))
-    values.value = jax.lax.dynamic_update_slice(values.value, v, (0, 0, step, 0))
-    index.value = step + 1
-    written = jnp.arange(cache_length) <= step  # [cache_length]
-    return keys.value, values.value, written[None, None, None, :]
+      out = attention(q, k, v, causal_mask(1), 0.0, True, self)
+      return self._output_projection(out)
+    per_sentence = lambda x: x.reshape(batch, beams, heads, x.shape[-1])  # noqa: E731
+    k = jnp.swapaxes(per_sentence(k), 1, 2)  # [B, H, beams, K]
+    v = jnp.transpose(per_sentence(v), (0, 2, 3, 1))  # [B, H, V, beams]
+    keys.value = jax.lax.dynamic_update_slice(keys.value, k, (0, 0, position * beams, 0))
+    values.value = jax.lax.dynamic_update_slice(values.value, v, (0, 0, 0, position * beams))
+    out = _decoding_attention(per_sentence(q[:, 0]), keys.value, values.value, mask)
+    return self._output_projection(out.reshape(n, 1, heads, out.shape[-1]))
+
+
+def _decoding_attention(q, k, v_transposed, mask):
+  """A decoding step's attention, per sentence. With a handful of queries per sentence (its
+  beams), the layouts matter on CPU: logits computed keys-first, and both products contracting
+  their operands' last axes, ran 2-4x faster than the plain form (XLA's fallback dot)."""
+  # q: [B, beams, H, K]; k: [B, H, M, K]; v_transposed: [B, H, V, M]; mask broadcastable to
+  # [B, 1, beams, M]
+  q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  logits = jnp.einsum("bhmk,bqhk->bhmq", k, q).astype(jnp.float32)  # [B, H, M, beams]
+  logits = jnp.where(jnp.swapaxes(mask, 2, 3), logits, jnp.finfo(jnp.float32).min)
+  weights = jnp.swapaxes(jax.nn.softmax(logits, axis=2), 2, 3)  # [B, H, beams, M]
+  return jnp.einsum("bhqm,bhvm->bqhv", weights.astype(v_transposed.dtype),
+                    v_transposed)  # [B, beams, H, V]
 
 
 class FeedForward(nn.Module):
@@ -213,13 +256,14 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y, memory, target_mask, source_mask, *, deterministic: bool,
-               decode: bool = False, cache_length: int = 0):
+               decode: bool = False, cache_length: int = 0, position=None, beams: int = 1):
     self_attention = MultiHeadAttention(self.config, is_self_attention=True, name="self_attention")
     cross_attention = MultiHeadAttention(self.config, is_self_attention=False,
                                          name="cross_attention")
     y = Residual(self.config, name="self_attention_residual")(
         y, lambda z: self_attention(z, None, target_mask, deterministic=deterministic,
-                                    decode=decode, cache_length=cache_length),
+                                    decode=decode, cache_length=cache_length,
+                                    position=position, beams=beams),
         deterministic=deterministic)
     y = Residual(self.config, name="cross_attention_residual")(
         y, lambda z: cross_attention(z, memory, source_mask, deterministic=deterministic,
@@ -287,26 +331,54 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, decoder_inputs, memory, source_mask, *, deterministic: bool,
                decode: bool = False, cache_length: int = 0):
-    # decoder_inputs: [B, T] (T = 1 when decoding step by step); memory: [B, S, D] -> [B, T, V]
+    # decoder_inputs: [B, T], or [N, 1] when decoding step by step (N = B * beams rows);
+    # memory: [B, S, D] -> [B, T, V]
     cfg = self.config
-    offset = 0
-    if decode:  # the position of this step, kept with the cache
-      is_initialized = self.has_variable("cache", "step")
-      step = self.variable("cache", "step", lambda: jnp.array(0, dtype=jnp.int32))
-      offset = step.value
-      if is_initialized:
-        step.value = step.value + decoder_inputs.shape[1]
+    offset, beams = 0, 1
+    if decode:
+      beams = decoder_inputs.shape[0] // source_mask.shape[0]
+      offset, target_mask = self._decoding_position_and_mask(decoder_inputs.shape[0], beams,
+                                                             cache_length)
+    else:
+      target_mask = causal_mask(decoder_inputs.shape[1]) & padding_mask(decoder_inputs)
     y = self.embed(decoder_inputs) * math.sqrt(cfg.d_model)
     y = PositionalEmbedding(cfg, name="positions")(y, offset, deterministic=deterministic)
-    target_mask = causal_mask(decoder_inputs.shape[1]) & padding_mask(decoder_inputs)
     for i in range(cfg.num_layers):
       y = DecoderLayer(cfg, name=f"layer_{i}")(
           y, memory, target_mask, source_mask, deterministic=deterministic, decode=decode,
-          cache_length=cache_length)
+          cache_length=cache_length, position=offset, beams=beams)
     if cfg.pre_layer_norm:
       y = _layer_norm(y.dtype, name="final_norm")(y)
     logits = self.embed.attend(y)  # pre-softmax projection tied to the embedding (3.4)
     return logits.astype(jnp.float32)  # [B, T, V]: softmax and loss in float32
+
+  def _decoding_position_and_mask(self, n, beams, cache_length):
+    """This step's position, and the self-attention mask [B, 1, beams, L * beams] of the
+    hypotheses' ancestries: hypothesis k of sentence b sees slot j at position t (column
+    t * beams + j) if its ancestor at t wrote there and t <= this step. Updates the cache's step counter and slot table."""
+    is_initialized = self.has_variable("cache", "step")
+    step = self.variable("cache", "step", lambda: jnp.array(0, dtype=jnp.int32))
+    slots = self.variable("cache", "slots", jnp.zeros, (n, cache_length), jnp.int32)  # [N, L]
+    position = step.value
+    if not is_initialized:
+      return position, None
+    own_slot = jnp.arange(n, dtype=jnp.int32) % beams  # [N]: beam k writes to slot k
+    slots.value = jax.lax.dynamic_update_slice(slots.value, own_slot[:, None], (0, position))
+    step.value = position + 1
+    batch = n // beams
+    is_slot = slots.value.reshape(batch, beams, cache_length, 1) == jnp.arange(
+        beams)  # [B, beams, L, beams (slot)]
+    written = (jnp.arange(cache_length) <= position)[:, None]  # [L, 1]
+    return position, (is_slot & written).reshape(batch, 1, beams, cache_length * beams)
+
+
+def reorder_decode_cache(cache, parents):
+  """Beam search's reordering of the decoding cache: hypothesis k of sentence b continues from
+  hypothesis parents[b, k]. Keys/values stay in their slots; only the slot table (which slot
+  holds each position of a hypothesis' ancestry) follows the parents."""
+  decoder = dict(cache["decoder"])
+  decoder["slots"] = decoding.gather_beams(decoder["slots"], parents)
+  return {**cache, "decoder": decoder}
 
 
 class Transformer(nn.Module):

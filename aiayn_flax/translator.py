@@ -31,13 +31,13 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
     # Section 6.1: at most input length + 50; the batch's empty filler rows end at once.
     max_lengths = jnp.where(source_lengths > 0, source_lengths + extra_length, 1)
     memory = model.apply({"params": params}, inputs, method=model_lib.Transformer.encode)
-    bos = jnp.full((inputs.shape[0], 1), model_lib.BOS_ID, jnp.int32)
+    # One row per hypothesis: the model lays its cache out for beam_size beams per sentence.
+    bos = jnp.full((inputs.shape[0] * beam_size, 1), model_lib.BOS_ID, jnp.int32)
     _, variables = model.apply({"params": params}, memory, inputs, bos, decode=True,
                                cache_length=max_decode_len, method=model_lib.Transformer.decode,
                                mutable=["cache"])
-    # What beam search must repeat per beam and reorder (the self-attention keys/values) is
-    # separated from what every beam of a sentence shares (the encoder output's keys/values and
-    # the source ids for the padding mask): the model broadcasts the shared part over beams.
+    # The encoder output's keys/values are fixed while decoding: they are kept out of the loop
+    # state.
     per_hypothesis, per_sentence = _split_cache(variables["cache"])
 
     def tokens_to_logits(ids, per_hypothesis):
@@ -54,15 +54,16 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
       return decoding.greedy_decode(tokens_to_logits, cache, max_lengths, max_decode_len,
                                     model_lib.BOS_ID, vocabulary.EOS_ID)
     sequences, _ = decoding.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                                        model_lib.BOS_ID, vocabulary.EOS_ID, beam_size, alpha)
+                                        model_lib.BOS_ID, vocabulary.EOS_ID, beam_size, alpha,
+                                        reorder_cache=model_lib.reorder_decode_cache)
     return sequences[:, 0]
 
   return decode
 
 
 def _split_cache(cache):
-  """The decoder's cache -> (per-hypothesis part as a nested dict, per-sentence part as a flat
-  dict): the cross-attention's `memory_key_value` entries are per sentence."""
+  """The decoder's cache -> (the part a decoding step updates, as a nested dict; the
+  cross-attention's fixed `memory_key_value` entries, as a flat dict)."""
   flat = traverse_util.flatten_dict(cache)
   per_sentence = {path: value for path, value in flat.items() if path[-1] == "memory_key_value"}
   per_hypothesis = {path: value for path, value in flat.items() if path not in per_sentence}

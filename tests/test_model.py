@@ -4,9 +4,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from flax import traverse_util
 
 from aiayn_flax import decoding, flops, model as model_lib, translator
+from aiayn_flax.data import vocabulary
 from configs import base, big, multi30k
 
 
@@ -96,29 +96,40 @@ def test_cached_decoding_matches_full_forward(positions):
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, rtol=0)
 
 
-def test_beams_attending_to_one_copy_of_the_encoder_output_match_repeated_copies():
-  """Beam search keeps the encoder's keys/values once per sentence: K query rows per sentence
-  against them give the logits of K explicit copies."""
-  model, beams = small_model(), 3
-  rng = np.random.default_rng(4)
-  inputs = np.array(random_tokens(rng, 2, 6))
-  inputs[1, 4:] = 0
-  params = model.init(jax.random.key(0), inputs, random_tokens(rng, 2, 5))["params"]
+@pytest.mark.parametrize("seed", [0, 1])
+def test_beam_search_over_beam_slots_matches_gathering_every_hypothesis_cache(seed):
+  """The translator's beam search keeps each sentence's encoder keys/values once and its
+  self-attention keys/values in place (one slot per beam, reordering only the slot table). It
+  must find what the plain algorithm finds: every hypothesis a separate row with its own copy
+  of everything, rows gathered from their parents at every step (`decoding.gather_beams`)."""
+  model, beams, extra_length = small_model(), 4, 5
+  rng = np.random.default_rng(seed)
+  inputs = np.array(random_tokens(rng, 3, 8))
+  inputs[1, 5:] = 0
+  inputs[2, 2:] = 0
+  params = model.init(jax.random.key(seed), inputs, random_tokens(rng, 3, 5))["params"]
+  max_decode_len = inputs.shape[1] + extra_length
+  max_lengths = jnp.sum(inputs != 0, axis=1) + extra_length
+
   memory = model.apply({"params": params}, inputs, method=model_lib.Transformer.encode)
-  bos = jnp.full((2, 1), model_lib.BOS_ID, jnp.int32)
-  _, cache = model.apply({"params": params}, memory, inputs, bos, decode=True, cache_length=5,
-                         method=model_lib.Transformer.decode, mutable=["cache"])
-  per_hypothesis, per_sentence = translator._split_cache(cache["cache"])
-  shared = traverse_util.unflatten_dict(
-      {**traverse_util.flatten_dict(decoding.expand_to_beams(per_hypothesis, beams)),
-       **per_sentence})
-  repeated = decoding.expand_to_beams(cache["cache"], beams)
-  ids = random_tokens(rng, 2 * beams, 1)
-  step = lambda c, source: model.apply(  # noqa: E731
-      {"params": params, "cache": c}, None, source, ids, decode=True, cache_length=5,
-      method=model_lib.Transformer.decode, mutable=["cache"])[0]
-  np.testing.assert_allclose(step(shared, inputs), step(repeated, np.repeat(inputs, beams, 0)),
-                             atol=1e-6, rtol=0)
+  bos = jnp.full((3, 1), model_lib.BOS_ID, jnp.int32)
+  _, cache = model.apply({"params": params}, memory, inputs, bos, decode=True,
+                         cache_length=max_decode_len, method=model_lib.Transformer.decode,
+                         mutable=["cache"])
+
+  def every_row_its_own_sentence(ids, cache):  # rows are hypotheses, one beam each
+    logits, updated = model.apply(
+        {"params": params, "cache": cache["model"]}, None, cache["inputs"], ids, decode=True,
+        cache_length=max_decode_len, method=model_lib.Transformer.decode, mutable=["cache"])
+    return logits[:, 0], {"model": updated["cache"], "inputs": cache["inputs"]}
+
+  for alpha in (0.0, 0.6):
+    expected, _ = decoding.beam_search(
+        every_row_its_own_sentence, {"model": cache["cache"], "inputs": jnp.asarray(inputs)},
+        max_lengths, max_decode_len, model_lib.BOS_ID, vocabulary.EOS_ID, beams, alpha)
+    decode = translator.make_decode_fn(model, beams, alpha, extra_length)
+    np.testing.assert_array_equal(decode(params, inputs), expected[:, 0])
+  assert len({tuple(np.asarray(row)) for row in expected[:, 0]}) == 3  # not a degenerate case
 
 
 def test_embedding_is_shared_and_tied():
@@ -142,3 +153,26 @@ def test_parameter_count_matches_analytic_formula(name, cfg):
   assert counted == flops.parameter_count(cfg)
   if name in base.PAPER_PARAMS_MILLIONS:  # the paper's Table 3 column, to within 7%
     assert abs(counted / 1e6 - base.PAPER_PARAMS_MILLIONS[name]) <= 0.07 * base.PAPER_PARAMS_MILLIONS[name]
+
+
+def _dropout(x, rate, key):
+  return model_lib.Dropout(rate).apply({}, x, deterministic=False, rngs={"dropout": key})
+
+
+def test_dropout_keeps_each_element_independently_with_probability_one_minus_rate():
+  x = jnp.ones((1000, 1000), jnp.float32)
+  out = np.asarray(_dropout(x, 0.1, jax.random.key(0)))
+  kept = out != 0
+  assert set(np.unique(out)) == {0.0, np.float32(1 / 0.9)}  # kept values are rescaled exactly
+  # 1e6 Bernoulli(0.9) draws: the standard deviation of the mean is 3e-4.
+  assert abs(kept.mean() - 0.9) < 1.5e-3
+  # Neighbours (along rows and columns) and a second key's mask are independent: both kept
+  # with probability 0.81.
+  assert abs((kept[:, 1:] & kept[:, :-1]).mean() - 0.81) < 2e-3
+  assert abs((kept[1:] & kept[:-1]).mean() - 0.81) < 2e-3
+  other = np.asarray(_dropout(x, 0.1, jax.random.key(1))) != 0
+  assert abs((kept & other).mean() - 0.81) < 2e-3
+  # Same key, same mask; deterministic mode is the identity.
+  np.testing.assert_array_equal(out, _dropout(x, 0.1, jax.random.key(0)))
+  np.testing.assert_array_equal(
+      model_lib.Dropout(0.1).apply({}, x, deterministic=True), x)

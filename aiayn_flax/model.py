@@ -152,13 +152,14 @@ class MultiHeadAttention(nn.Module):
       project_memory = lambda: tuple(_heads_major(kv) for kv in jnp.split(  # noqa: E731
           dense((cfg.num_heads, d_k + d_v), "key_value")(memory), [d_k], axis=-1))
       if decode:  # project the encoder output once, when the cache is created
-        k, v_transposed = self.variable(
-            "cache", "memory_key_value",
-            lambda: (lambda k, v: (k, jnp.swapaxes(v, 2, 3)))(*project_memory())).value
-        n = q.shape[0]
+        def keys_and_transposed_values():  # [B, H, S, K], [B, H, V, S]: see _decoding_attention
+          k, v = project_memory()
+          return k, jnp.swapaxes(v, 2, 3)
+        k, v_transposed = self.variable("cache", "memory_key_value",
+                                        keys_and_transposed_values).value
         out = _decoding_attention(q[:, 0].reshape(k.shape[0], -1, *q.shape[2:]), k,
                                   v_transposed, mask)  # [B, beams, H, V]
-        out = out.reshape(n, 1, *out.shape[2:])
+        out = out.reshape(q.shape[0], 1, *out.shape[2:])  # [N, 1, H, V]
       else:
         out = attention(q, *project_memory(), mask, cfg.attention_dropout_rate, deterministic,
                         self)
@@ -355,7 +356,8 @@ class Decoder(nn.Module):
   def _decoding_position_and_mask(self, n, beams, cache_length):
     """This step's position, and the self-attention mask [B, 1, beams, L * beams] of the
     hypotheses' ancestries: hypothesis k of sentence b sees slot j at position t (column
-    t * beams + j) if its ancestor at t wrote there and t <= this step. Updates the cache's step counter and slot table."""
+    t * beams + j) if its ancestor at t wrote there and t <= this step. Advances the cache's
+    step counter and records the slot each hypothesis writes to at this step."""
     is_initialized = self.has_variable("cache", "step")
     step = self.variable("cache", "step", lambda: jnp.array(0, dtype=jnp.int32))
     slots = self.variable("cache", "slots", jnp.zeros, (n, cache_length), jnp.int32)  # [N, L]

@@ -36,24 +36,23 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
     _, variables = model.apply({"params": params}, memory, inputs, bos, decode=True,
                                cache_length=max_decode_len, method=model_lib.Transformer.decode,
                                mutable=["cache"])
-    # The encoder output's keys/values are fixed while decoding: they are kept out of the loop
+    # The encoder output's keys/values are fixed while decoding: they stay out of the loop
     # state.
-    per_hypothesis, per_sentence = _split_cache(variables["cache"])
+    step_cache, fixed_cache = _split_cache(variables["cache"])
 
-    def tokens_to_logits(ids, per_hypothesis):
+    def tokens_to_logits(ids, step_cache):
       # ids: [N, 1] -> logits [N, V]
-      cache = traverse_util.unflatten_dict({**traverse_util.flatten_dict(per_hypothesis),
-                                            **per_sentence})
+      cache = traverse_util.unflatten_dict({**traverse_util.flatten_dict(step_cache),
+                                            **fixed_cache})
       logits, updated = model.apply(
           {"params": params, "cache": cache}, None, inputs, ids, decode=True,
           cache_length=max_decode_len, method=model_lib.Transformer.decode, mutable=["cache"])
       return logits[:, 0], _split_cache(updated["cache"])[0]
 
-    cache = per_hypothesis
     if beam_size == 1:
-      return decoding.greedy_decode(tokens_to_logits, cache, max_lengths, max_decode_len,
+      return decoding.greedy_decode(tokens_to_logits, step_cache, max_lengths, max_decode_len,
                                     model_lib.BOS_ID, vocabulary.EOS_ID)
-    sequences, _ = decoding.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
+    sequences, _ = decoding.beam_search(tokens_to_logits, step_cache, max_lengths, max_decode_len,
                                         model_lib.BOS_ID, vocabulary.EOS_ID, beam_size, alpha,
                                         reorder_cache=model_lib.reorder_decode_cache)
     return sequences[:, 0]
@@ -65,9 +64,9 @@ def _split_cache(cache):
   """The decoder's cache -> (the part a decoding step updates, as a nested dict; the
   cross-attention's fixed `memory_key_value` entries, as a flat dict)."""
   flat = traverse_util.flatten_dict(cache)
-  per_sentence = {path: value for path, value in flat.items() if path[-1] == "memory_key_value"}
-  per_hypothesis = {path: value for path, value in flat.items() if path not in per_sentence}
-  return traverse_util.unflatten_dict(per_hypothesis), per_sentence
+  fixed = {path: value for path, value in flat.items() if path[-1] == "memory_key_value"}
+  updated = {path: value for path, value in flat.items() if path not in fixed}
+  return traverse_util.unflatten_dict(updated), fixed
 
 
 class Translator:

@@ -23,7 +23,7 @@ quickstart: venv
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016
 
 test: venv
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=20
 
 clean:
 	rm -rf $(VENV)

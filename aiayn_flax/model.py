@@ -87,8 +87,8 @@ def _mix32(x):
 class Dropout(nn.Module):
   """Inverted dropout whose random bits are a counter-based hash of each element's index, keyed
   by two words drawn from the "dropout" rng: a few integer operations that XLA fuses into the
-  masking, where nn.Dropout's threefry bits were 7-8% of a training step on CPU (measured in
-  docs/PERFORMANCE.md). The mask depends on the element's index in the whole array, not on how
+  masking, where nn.Dropout's threefry bits cost 2-8% of a training step on CPU (measured
+  in docs/PERFORMANCE.md). The mask depends on the element's index in the whole array, not on how
   the array is sharded. The drop probability is rate rounded to a multiple of 2^-32."""
   rate: float
 

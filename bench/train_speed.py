@@ -3,6 +3,7 @@
   python bench/train_speed.py                    # small and base vs the peer, 3 pairs each
   python bench/train_speed.py --scaling          # and tokens/s as batch and length grow
   python bench/train_speed.py --sizes= --config=configs/multi30k.py --batch=80 --length=32
+  python bench/train_speed.py --sizes= --dropout_ab --pairs=4 --steps=4 --batch=80 --length=32
 
 Sizes (those of ../shared/bench/torch_peer.py): `small` is configs/multi30k.py's model (d_model
 256, 3+3 layers, d_ff 1024, 4 heads, vocabulary 8000) on 32x64 batches; `base` is the paper's
@@ -35,7 +36,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from aiayn_flax import flops, optimizer, train_step  # noqa: E402
+from aiayn_flax import flops, model, optimizer, train_step  # noqa: E402
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py",
                                 "Config timed alone when --sizes is empty.")
@@ -46,6 +47,9 @@ flags.DEFINE_bool("scaling", False, "Also print tokens/s as the batch and the le
 flags.DEFINE_integer("batch", 0, "With --sizes empty: rows per batch (0: tokens_per_batch // "
                      "length).")
 flags.DEFINE_integer("length", 32, "With --sizes empty: padded length of source and target.")
+flags.DEFINE_bool("dropout_ab", False, "With --sizes empty: time --config's step with dropout's "
+                  "previous masks (threefry, 16-bit draws) and the current ones (counter hash) "
+                  "alternately, and threefry / rbg / unsafe_rbg random words.")
 flags.DEFINE_string("torch_python", "", "Python with torch==2.13.0 (default: .bench_venv/torch, "
                     "created on first use).")
 FLAGS = flags.FLAGS
@@ -120,6 +124,44 @@ class OurStep:
     return flops.train_flops(self.config.model, self.batch, self.length, self.length)
 
 
+def threefry_dropout(self, x, *, deterministic: bool):
+  """`model.Dropout.__call__` before the counter hash: 16-bit draws split from threefry words."""
+  if deterministic or self.rate == 0.0:
+    return x
+  words = jax.random.bits(self.make_rng("dropout"), ((x.size + 1) // 2,), jnp.uint32)
+  uniform16 = jnp.concatenate([words & 0xFFFF, words >> 16])[:x.size].reshape(x.shape)
+  keep = uniform16 >= jnp.uint32(round(self.rate * 65536))
+  return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
+
+
+def compare_dropout(config, batch: int, length: int) -> None:
+  """Both dropouts' steps compiled in this process, then timed alternately (--pairs rounds of
+  --steps steps); and the cost of random words per PRNG implementation."""
+  hashed = model.Dropout.__call__
+  steps = {}
+  for name, call in (("threefry 16-bit draws", threefry_dropout), ("counter hash", hashed)):
+    model.Dropout.__call__ = call
+    steps[name] = OurStep(config, batch, length)  # traced and compiled with this dropout
+  model.Dropout.__call__ = hashed
+  seconds = {name: [] for name in steps}
+  for _ in range(FLAGS.pairs):
+    for name, step in steps.items():
+      seconds[name].append(step.seconds_per_step(FLAGS.steps))
+  for name, times in seconds.items():
+    print(f"{config.name} {batch}x{length}, dropout from {name}: "
+          f"{' '.join(f'{t * 1000:.0f}' for t in times)} ms per step, "
+          f"median {statistics.median(times) * 1000:.0f}")
+  words = 655_360  # one dropout mask of the quick-start's 2560 x 256 activations, 2 per word
+  for impl in ("threefry2x32", "rbg", "unsafe_rbg"):
+    draw = jax.jit(lambda key: jax.random.bits(key, (8 * words,), jnp.uint32))
+    key = jax.random.key(0, impl=impl)
+    draw(key).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(20):
+      draw(key).block_until_ready()
+    print(f"{impl}: {(time.perf_counter() - start) / 20 / 8 * 1000:.2f} ms per {words} words")
+
+
 def torch_python() -> str:
   """An interpreter with torch==2.13.0: --torch_python, or .bench_venv/torch (made if missing)."""
   if FLAGS.torch_python:
@@ -185,6 +227,9 @@ def main(argv):
   if not FLAGS.sizes:
     config = FLAGS.config
     batch = FLAGS.batch or config.tokens_per_batch // FLAGS.length
+    if FLAGS.dropout_ab:
+      compare_dropout(config, batch, FLAGS.length)
+      return
     ours = OurStep(config, batch, FLAGS.length)
     seconds = ours.seconds_per_step(FLAGS.steps)
     print(f"{config.name} {batch}x{FLAGS.length}: {seconds * 1000:.0f} ms per step, "

@@ -33,16 +33,14 @@ def toy_run(tmp_path_factory):
   return config, workdir, summary
 
 
-
 _created_xla_cache = None
 
 
-def pytest_configure(config):
+def pytest_configure():
   """One persistent XLA compilation cache for the session, shared by this process and the
   train.py / evaluate.py subprocesses the tests start (they inherit the environment): the same
   toy programs are compiled once instead of once per subprocess, which took the resume tests
   from 335 s to 189 s. The compiled programs are the same either way."""
-  del config
   global _created_xla_cache
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _created_xla_cache = tempfile.mkdtemp(prefix="aiayn_flax_xla_cache_")
@@ -50,7 +48,6 @@ def pytest_configure(config):
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
-def pytest_unconfigure(config):
-  del config
+def pytest_unconfigure():
   if _created_xla_cache:
     shutil.rmtree(_created_xla_cache, ignore_errors=True)

@@ -22,6 +22,7 @@ for the CPU-only wheel), or pass --torch_python=PATH of an interpreter that has 
 import functools
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -231,10 +232,14 @@ def main(argv):
       compare_dropout(config, batch, FLAGS.length)
       return
     ours = OurStep(config, batch, FLAGS.length)
+    before = resource.getrusage(resource.RUSAGE_SELF)
     seconds = ours.seconds_per_step(FLAGS.steps)
+    after = resource.getrusage(resource.RUSAGE_SELF)
     print(f"{config.name} {batch}x{FLAGS.length}: {seconds * 1000:.0f} ms per step, "
           f"{real_tokens(batch, FLAGS.length) / seconds:.0f} tokens/s, "
-          f"MFU {ours.flops_per_step() / seconds / 1e9 / peak:.3f}")
+          f"MFU {ours.flops_per_step() / seconds / 1e9 / peak:.3f}; per step "
+          f"{(after.ru_minflt - before.ru_minflt) / FLAGS.steps:.0f} page faults, "
+          f"{(after.ru_stime - before.ru_stime) / FLAGS.steps:.2f} s of kernel time")
     return
   python = torch_python()
   results = [compare_with_peer(size, peak, python) for size in FLAGS.sizes]

@@ -3,6 +3,7 @@
   python bench/train_speed.py                    # small and base vs the peer, 3 pairs each
   python bench/train_speed.py --scaling          # and tokens/s as batch and length grow
   python bench/train_speed.py --sizes= --config=configs/multi30k.py --batch=80 --length=32
+      (one config's step alone: ms, tokens/s, MFU, page faults and kernel time per step)
   python bench/train_speed.py --sizes= --dropout_ab --pairs=4 --steps=4 --batch=80 --length=32
 
 Sizes (those of ../shared/bench/torch_peer.py): `small` is configs/multi30k.py's model (d_model

@@ -67,19 +67,25 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P("data"))
 
 
+def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Several batches stacked [K, rows, ...] (train_step.train_steps): rows split along `data`."""
+  return NamedSharding(mesh, P(None, "data"))
+
+
 def put_batch(batch: dict, sharding: NamedSharding) -> dict:
-  """Places this host's copy of a global batch [rows, ...] on the mesh, rows split along
-  `data`. With several processes each passes only its own block of rows (process i holds
-  rows i * rows / processes onwards, the devices of a mesh built from jax.devices() being
-  ordered by process)."""
+  """Places this host's copy of a global batch [rows, ...] (or [K, rows, ...]) on the mesh,
+  rows split along `data`. With several processes each passes only its own block of rows
+  (process i holds rows i * rows / processes onwards, the devices of a mesh built from
+  jax.devices() being ordered by process)."""
   if jax.process_count() == 1:
     return jax.device_put(batch, sharding)
+  rows_axis = list(sharding.spec).index("data")
 
   def local_rows(x):
-    per_process = x.shape[0] // jax.process_count()
+    per_process = x.shape[rows_axis] // jax.process_count()
     start = jax.process_index() * per_process
-    return jax.make_array_from_process_local_data(sharding, x[start:start + per_process],
-                                                  x.shape)
+    local = np.take(x, np.arange(start, start + per_process), axis=rows_axis)
+    return jax.make_array_from_process_local_data(sharding, local, x.shape)
   return jax.tree.map(local_rows, batch)
 
 

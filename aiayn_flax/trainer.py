@@ -101,6 +101,40 @@ class StopSignals:
                     "(send it again to stop at once)", self.requested)
 
 
+class RunsOfOneShape:
+  """Takes (position, batch) pairs from a batch stream in runs of consecutive batches of one
+  shape, for `train_step.train_steps`; a batch of another shape waits for the next run."""
+
+  def __init__(self, stream):
+    self._stream, self._waiting = stream, None
+
+  def take(self, limit: int) -> list[tuple]:
+    run = []
+    while len(run) < limit:
+      item = self._waiting or next(self._stream)
+      self._waiting = None
+      if run and item[1]["inputs"].shape != run[0][1]["inputs"].shape:
+        self._waiting = item
+        break
+      run.append(item)
+    return run
+
+
+def stack_batches(batches: list[dict], size: int) -> dict:
+  """[size, rows, length] arrays: the batches, then all-padding batches (never trained on)."""
+  return {key: np.stack([b[key] for b in batches]
+                        + [np.zeros_like(batches[0][key])] * (size - len(batches)))
+          for key in batches[0]}
+
+
+def steps_to_next_event(step: int, config) -> int:
+  """Steps until the next log line, checkpoint, evaluation or the end of training."""
+  return min([config.num_train_steps - step]
+             + [every - step % every for every in (config.log_every_steps,
+                                                   config.checkpoint_every_steps,
+                                                   config.eval_every_steps)])
+
+
 def evaluate_loss(eval_fn, params, batches, batch_sharding) -> dict:
   sums = None
   for _, batch in batches.iterate(num_epochs=1):
@@ -145,12 +179,17 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   vocab = pipeline.vocabulary_for(config, workdir)
   data_shards = sharding.data_parallel_size(mesh)
   accumulation = train_step.accumulation_steps(config, data_shards)
+  steps_per_call = config.steps_per_call
+  if steps_per_call < 1 or (steps_per_call > 1 and accumulation > 1):
+    raise ValueError(f"config.steps_per_call={steps_per_call}: must be >= 1, and 1 when a step "
+                     f"accumulates micro-batches ({accumulation} here, from "
+                     "micro_batch_tokens_per_device)")
   micro_config = config.copy_and_resolve_references()
   micro_config.tokens_per_batch = -(-config.tokens_per_batch // accumulation)
   logging.info("%d micro-batch(es) of <= %d tokens per side per optimizer step", accumulation,
                micro_config.tokens_per_batch)
   train_batches = pipeline.batches_for_split(micro_config, vocab, config.dataset.train_split,
-                                             data_shards, shuffle=True)
+                                             data_shards, shuffle=True, group=steps_per_call)
   eval_batches = pipeline.batches_for_split(config, vocab, config.dataset.eval_split,
                                             data_shards, shuffle=False)
   logging.info("training batches pad %.1f%% of their positions",
@@ -171,6 +210,12 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
       functools.partial(train_step.train_step, model=model,
                         label_smoothing=config.label_smoothing, schedule=schedule),
       in_shardings=(state_sharding, batch_sharding, replicated),
+      out_shardings=(state_sharding, replicated), donate_argnums=0)
+  steps_fn = jax.jit(
+      functools.partial(train_step.train_steps, model=model,
+                        label_smoothing=config.label_smoothing, schedule=schedule),
+      in_shardings=(state_sharding, sharding.stacked_batch_sharding(mesh), replicated,
+                    replicated),
       out_shardings=(state_sharding, replicated), donate_argnums=0)
   accumulate_fn = jax.jit(functools.partial(train_step.accumulate_step, model=model,
                                             label_smoothing=config.label_smoothing),
@@ -204,12 +249,22 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   progress = Progress(step, config.num_train_steps)
   sums, summary = None, {}
   batches = train_batches.iterate(position)
+  runs = RunsOfOneShape(batches)
   with StopSignals() as signals:
     while step < config.num_train_steps:
-      if accumulation == 1:
+      if steps_per_call > 1:  # up to steps_per_call steps of one shape, stopping at events
+        run = runs.take(min(steps_per_call, steps_to_next_event(step, config)))
+        position = run[-1][0]
+        progress.tokens += sum(real_tokens(batch) for _, batch in run)
+        stacked = stack_batches([batch for _, batch in run], steps_per_call)
+        state, metrics = steps_fn(state, sharding.put_batch(
+            stacked, sharding.stacked_batch_sharding(mesh)), len(run), rng)
+        step += len(run)
+      elif accumulation == 1:
         position, batch = next(batches)
         progress.tokens += real_tokens(batch)
         state, metrics = step_fn(state, sharding.put_batch(batch, batch_sharding), rng)
+        step += 1
       else:  # sum gradients over micro-batches, then one update per real target token
         accumulated = None
         for micro_step in range(accumulation):
@@ -221,9 +276,9 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
           if wait_each_step:
             jax.block_until_ready(accumulated)
         state, metrics = apply_fn(state, *accumulated)
+        step += 1
       if wait_each_step:
         jax.block_until_ready(state)
-      step += 1
       sums = metrics if sums is None else jax.tree.map(jax.numpy.add, sums, metrics)
       last = step == config.num_train_steps
 

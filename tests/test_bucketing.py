@@ -56,6 +56,29 @@ def test_epochs_are_shuffled_differently_but_reproducibly(tokenized_train):
   assert not all(np.array_equal(a[1], b[1]) for a, b in zip(first, second))
 
 
+def test_grouped_epoch_comes_in_runs_of_one_shape_and_sees_every_example_once(tokenized_train):
+  config, split = tokenized_train
+  boundaries = bucketing.bucket_boundaries(8, 128, 1.1, 4)
+  make = lambda group: bucketing.TokenBucketedBatches(  # noqa: E731
+      split.sources, split.targets, boundaries, config.tokens_per_batch, seed=0, group=group)
+  plain, grouped = make(1).epoch(0), make(4).epoch(0)
+  assert sorted(i for _, indices in grouped for i in indices if i != bucketing.EMPTY_ROW) == list(
+      range(len(split.sources)))
+  per_bucket = {b: sum(boundary == b for boundary, _ in plain) for b in boundaries}
+  assert per_bucket == {b: sum(boundary == b for boundary, _ in grouped) for b in boundaries}
+  # Taken greedily, up to 4 batches of one shape at a time (as the trainer does), the grouped
+  # epoch needs one call per run of 4 of a bucket; the plain shuffle needs about one per batch.
+  def calls(batches):
+    count, run = 0, 0
+    for i, (boundary, _) in enumerate(batches):
+      run = run + 1 if i and boundary == batches[i - 1][0] and run < 4 else 1
+      count += run == 1
+    return count
+  assert calls(grouped) <= sum(-(-n // 4) for n in per_bucket.values())
+  assert calls(plain) > 0.8 * len(plain)
+  assert [b for b, _ in grouped] != sorted(b for b, _ in grouped)  # the runs are shuffled
+
+
 def test_iteration_resumes_at_a_position(tokenized_train):
   config, split = tokenized_train
   batches = bucketing.TokenBucketedBatches(split.sources[:3000], split.targets[:3000],

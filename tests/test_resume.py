@@ -84,6 +84,21 @@ def test_sigterm_checkpoints_the_current_step_and_resumes_exactly(uninterrupted,
   assert digest == uninterrupted[0]
 
 
+def test_several_steps_per_call_resume_exactly_after_sigkill(tmp_path):
+  # Runs of 3 steps of one batch shape per call, never across a log line (every 10 steps) or a
+  # checkpoint (every 20); killed after step 30, resumed from step 20.
+  flags = ["--config.steps_per_call=3", "--config.log_every_steps=10"]
+  expected, losses = finish(start_training(tmp_path / "uninterrupted", *flags))
+  assert sorted(losses) == [10, 20, 30, 40, 50, 60]
+  process = start_training(tmp_path / "killed", *flags)
+  run_until_step(process, 30)
+  process.kill()
+  process.wait()
+  digest, resumed_losses = finish(start_training(tmp_path / "killed", *flags))
+  assert min(resumed_losses) == 30 and digest == expected
+  assert all(resumed_losses[s] == losses[s] for s in (40, 50, 60))
+
+
 def test_half_written_newest_checkpoint_is_ignored(tmp_path):
   config = toy.get_config()
   config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 20, 10, 1000

@@ -100,6 +100,36 @@ def test_accumulating_micro_batches_equals_one_step_on_their_concatenation():
   assert int(updated.step) == 1  # one optimizer update for the three micro-batches
 
 
+@pytest.mark.parametrize("num_steps", [3, 2])
+def test_several_steps_in_one_call_equal_the_same_steps_one_by_one(num_steps):
+  import functools
+  from aiayn_flax import train_step
+  config, model, state, batches = _toy_state_and_batches(dropout_rate=0.1)
+  for batch in batches[1:]:  # one shape for the stacked call; the padding still differs
+    batch["targets"][:, 12:] = 0
+  schedule = optimizer.learning_rate_schedule(config)
+  rng = train_step.dropout_key(0)
+  one = jax.jit(functools.partial(train_step.train_step, model=model, label_smoothing=0.1,
+                                  schedule=schedule))
+  several = jax.jit(functools.partial(train_step.train_steps, model=model, label_smoothing=0.1,
+                                      schedule=schedule))
+  expected, sums = state, None
+  for batch in batches[:num_steps]:
+    expected, metrics = one(expected, batch, rng)
+    sums = metrics if sums is None else jax.tree.map(jnp.add, sums, metrics)
+  stacked = {k: np.stack([b[k] for b in batches]) for k in ("inputs", "targets")}  # K = 3
+  got, got_sums = several(state, stacked, num_steps, rng)
+  assert int(got.step) == num_steps
+  # Bit for bit: the same updates, dropout masks and Adam moments; the unused batch is skipped.
+  for a, b in zip(jax.tree.leaves((got.params, got.opt_state)),
+                  jax.tree.leaves((expected.params, expected.opt_state))):
+    np.testing.assert_array_equal(a, b)
+  for key in sums:
+    np.testing.assert_allclose(got_sums[key], sums[key], rtol=1e-6)
+  assert float(got_sums["tokens"]) == sum(float((b["targets"] > 0).sum())
+                                          for b in batches[:num_steps])
+
+
 def test_accumulation_steps_follow_the_device_budget():
   from aiayn_flax import train_step
   from configs import base

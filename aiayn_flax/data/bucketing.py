@@ -56,26 +56,32 @@ def bucket_of(lengths: np.ndarray, boundaries: list[int]) -> np.ndarray:
 
 def epoch_batches(lengths: np.ndarray, boundaries: list[int], tokens_per_batch: int,
                   batch_multiple: int, seed: int, epoch: int,
-                  shuffle: bool = True) -> list[tuple[int, np.ndarray]]:
+                  shuffle: bool = True, group: int = 1) -> list[tuple[int, np.ndarray]]:
   """One epoch as a list of (boundary, example indices with EMPTY_ROW padding).
 
-  `lengths` is max(source length, target length) per example, all <= boundaries[-1].
+  `lengths` is max(source length, target length) per example, all <= boundaries[-1]. With
+  `group` > 1, each bucket's batches come in runs of `group` consecutive batches (the last run
+  of a bucket may be shorter), and the runs are shuffled rather than the batches, so that the
+  trainer can take `group` steps of one shape in a single call (`steps_per_call`). group=1 is
+  the plain shuffle of batches.
   """
   rng = np.random.default_rng([seed, epoch])
   order = rng.permutation(len(lengths)) if shuffle else np.arange(len(lengths))
   buckets = bucket_of(lengths[order], boundaries)
-  batches = []
+  runs = []
   for b, boundary in enumerate(boundaries):
     members = order[buckets == b]
     rows = batch_size_for(boundary, tokens_per_batch, batch_multiple)
+    bucket = []
     for start in range(0, len(members), rows):
       chunk = members[start:start + rows]
       padded = np.full(rows, EMPTY_ROW, dtype=np.int64)
       padded[:len(chunk)] = chunk
-      batches.append((boundary, padded))
+      bucket.append((boundary, padded))
+    runs += [bucket[i:i + group] for i in range(0, len(bucket), group)]
   if shuffle:
-    batches = [batches[i] for i in rng.permutation(len(batches))]
-  return batches
+    runs = [runs[i] for i in rng.permutation(len(runs))]
+  return [batch for run in runs for batch in run]
 
 
 def pad_rows(sequences: list[np.ndarray], indices: np.ndarray, length: int) -> np.ndarray:
@@ -93,7 +99,7 @@ class TokenBucketedBatches:
 
   def __init__(self, sources: list[np.ndarray], targets: list[np.ndarray], boundaries: list[int],
                tokens_per_batch: int, batch_multiple: int = 1, seed: int = 0,
-               shuffle: bool = True):
+               shuffle: bool = True, group: int = 1):
     if len(sources) != len(targets):
       raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     if not sources:
@@ -108,10 +114,11 @@ class TokenBucketedBatches:
     self.batch_multiple = batch_multiple
     self.seed = seed
     self.shuffle = shuffle
+    self.group = group
 
   def epoch(self, epoch: int) -> list[tuple[int, np.ndarray]]:
     return epoch_batches(self.lengths, self.boundaries, self.tokens_per_batch,
-                         self.batch_multiple, self.seed, epoch, self.shuffle)
+                         self.batch_multiple, self.seed, epoch, self.shuffle, self.group)
 
   def batch(self, boundary: int, indices: np.ndarray) -> dict[str, np.ndarray]:
     return {"inputs": pad_rows(self.sources, indices, boundary),

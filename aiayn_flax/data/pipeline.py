@@ -340,9 +340,11 @@ def _write_tokenized(path: str, key: str, tokenized: TokenizedSplit) -> None:
       os.remove(temp_path)
 
 
-def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: bool):
+def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: bool,
+                      group: int = 1):
   """TokenBucketedBatches over a split, with the filtering logged; token ids come from the
-  workdir's cache after the first run (`tokenized_split`)."""
+  workdir's cache after the first run (`tokenized_split`). `group`: see
+  `bucketing.epoch_batches`."""
   tokenized = tokenized_split(config, vocab, split)
   logging.info("%s/%s: %d pairs kept, %d empty skipped, %d longer than %d tokens skipped",
                config.dataset.name, split, len(tokenized.sources), tokenized.skipped_empty,
@@ -352,4 +354,4 @@ def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: b
                                            config.dataset.bucket_quantum)
   return bucketing.TokenBucketedBatches(tokenized.sources, tokenized.targets, boundaries,
                                         config.tokens_per_batch, batch_multiple, config.seed,
-                                        shuffle=shuffle)
+                                        shuffle=shuffle, group=group)

@@ -2,6 +2,7 @@
 
   python bench/train_speed.py                    # small and base vs the peer, 3 pairs each
   python bench/train_speed.py --scaling          # and tokens/s as batch and length grow
+  python bench/train_speed.py --steps_per_call=4   # 4 steps per compiled call (see below)
   python bench/train_speed.py --sizes= --config=configs/multi30k.py --batch=80 --length=32
       (one config's step alone: ms, tokens/s, MFU, page faults and kernel time per step)
   python bench/train_speed.py --sizes= --dropout_ab --pairs=4 --steps=4 --batch=80 --length=32
@@ -14,7 +15,9 @@ target tokens. For each size, our jitted step (compiled once, then warmed up) an
 subprocess that warms up before its own timer) are timed alternately, A B A B ..., so that
 both see the same machine load; the ratio is the median over pairs of peer time / our time.
 MFU is the model's analytic training FLOPs (aiayn_flax/flops.py) per second over an f32 matmul
-peak measured in this process.
+peak measured in this process. Our step runs as the trainer runs it, `steps_per_call` steps per
+compiled call (configs/base.py; --steps_per_call=4 for the peer sizes, --config.steps_per_call=4
+in single-config mode), so a timing covers whole calls.
 
 The peer needs torch==2.13.0 (CPU build), which is not a project dependency: it is installed
 into .bench_venv/torch on first use (set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -52,6 +55,8 @@ flags.DEFINE_integer("length", 32, "With --sizes empty: padded length of source 
 flags.DEFINE_bool("dropout_ab", False, "With --sizes empty: time --config's step with dropout's "
                   "previous masks (threefry, 16-bit draws) and the current ones (counter hash) "
                   "alternately, and threefry / rbg / unsafe_rbg random words.")
+flags.DEFINE_integer("steps_per_call", 0, "Our steps per compiled call for the peer sizes "
+                     "(train_step.train_steps); 0: the config's.")
 flags.DEFINE_string("torch_python", "", "Python with torch==2.13.0 (default: .bench_venv/torch, "
                     "created on first use).")
 FLAGS = flags.FLAGS
@@ -64,12 +69,15 @@ def size_config(size: str):
   """Our config for a peer size, and its batch shape (rows, length)."""
   from configs import base, multi30k
   if size == "small":
-    return multi30k.get_config(), (32, 64)
-  if size == "base":
-    config = base.get_config()
+    config, shape = multi30k.get_config(), (32, 64)
+  elif size == "base":
+    config, shape = base.get_config(), (16, 128)
     config.model.vocab_size = 32000  # the peer's
-    return config, (16, 128)
-  raise ValueError(f"--sizes: unknown size {size!r} (expected small or base)")
+  else:
+    raise ValueError(f"--sizes: unknown size {size!r} (expected small or base)")
+  if FLAGS.steps_per_call:
+    config.steps_per_call = FLAGS.steps_per_call
+  return config, shape
 
 
 def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> float:
@@ -99,28 +107,39 @@ def real_tokens(batch: int, length: int) -> int:
 
 
 class OurStep:
-  """The jitted training step on one batch shape: compiled and warmed up once, then timed."""
+  """The jitted training step on one batch shape, as the trainer runs it: config.steps_per_call
+  steps per call (`train_step.train_steps`) when that is above 1. Compiled and warmed up once,
+  then timed."""
 
   def __init__(self, config, batch: int, length: int):
     self.config, self.batch, self.length = config, batch, length
+    self.steps_per_call = config.get("steps_per_call", 1)
     model = train_step.make_model(config)
     self.state = train_step.create_train_state(config, model)
-    self.step_fn = jax.jit(functools.partial(
-        train_step.train_step, model=model, label_smoothing=config.label_smoothing,
-        schedule=optimizer.learning_rate_schedule(config)), donate_argnums=0)
+    kwargs = dict(model=model, label_smoothing=config.label_smoothing,
+                  schedule=optimizer.learning_rate_schedule(config))
     rng = np.random.default_rng(0)
     self.batches = [synthetic_batch(rng, batch, length, config.model.vocab_size)
                     for _ in range(4)]
     self.key = train_step.dropout_key(0)
+    if self.steps_per_call == 1:
+      step = jax.jit(functools.partial(train_step.train_step, **kwargs), donate_argnums=0)
+      self.calls = [functools.partial(step, batch=b) for b in self.batches]
+    else:
+      steps = jax.jit(functools.partial(train_step.train_steps, **kwargs), donate_argnums=0)
+      stacked = {k: np.stack([self.batches[i % 4][k] for i in range(self.steps_per_call)])
+                 for k in self.batches[0]}
+      self.calls = [functools.partial(steps, batches=stacked, num_steps=self.steps_per_call)]
     self.seconds_per_step(2)  # compile and warm up
 
   def seconds_per_step(self, steps: int) -> float:
+    """Runs at least `steps` steps, in whole calls; returns the time per step."""
+    calls = -(-steps // self.steps_per_call)
     start = time.perf_counter()
-    for i in range(steps):
-      self.state, metrics = self.step_fn(self.state, self.batches[i % len(self.batches)],
-                                         self.key)
+    for i in range(calls):
+      self.state, metrics = self.calls[i % len(self.calls)](self.state, rng=self.key)
     jax.block_until_ready((self.state, metrics))
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / (calls * self.steps_per_call)
 
   def flops_per_step(self) -> float:
     return flops.train_flops(self.config.model, self.batch, self.length, self.length)
@@ -194,7 +213,8 @@ def compare_with_peer(size: str, peak: float, python: str) -> dict:
     ours_s = ours.seconds_per_step(FLAGS.steps)
     peer_s = peer_seconds_per_step(python, size, batch, length, FLAGS.steps)
     pairs.append((ours_s, peer_s))
-    print(f"  {size} pair: ours {ours_s * 1000:.0f} ms, peer {peer_s * 1000:.0f} ms per step",
+    print(f"  {size} pair: ours {ours_s * 1000:.0f} ms ({ours.steps_per_call} step(s) per call), "
+          f"peer {peer_s * 1000:.0f} ms per step",
           flush=True)
   ours_s = statistics.median(o for o, _ in pairs)
   peer_s = statistics.median(p for _, p in pairs)
@@ -233,14 +253,16 @@ def main(argv):
       compare_dropout(config, batch, FLAGS.length)
       return
     ours = OurStep(config, batch, FLAGS.length)
+    steps = -(-FLAGS.steps // ours.steps_per_call) * ours.steps_per_call  # whole calls
     before = resource.getrusage(resource.RUSAGE_SELF)
-    seconds = ours.seconds_per_step(FLAGS.steps)
+    seconds = ours.seconds_per_step(steps)
     after = resource.getrusage(resource.RUSAGE_SELF)
-    print(f"{config.name} {batch}x{FLAGS.length}: {seconds * 1000:.0f} ms per step, "
+    print(f"{config.name} {batch}x{FLAGS.length}, {ours.steps_per_call} step(s) per call: "
+          f"{seconds * 1000:.0f} ms per step, "
           f"{real_tokens(batch, FLAGS.length) / seconds:.0f} tokens/s, "
           f"MFU {ours.flops_per_step() / seconds / 1e9 / peak:.3f}; per step "
-          f"{(after.ru_minflt - before.ru_minflt) / FLAGS.steps:.0f} page faults, "
-          f"{(after.ru_stime - before.ru_stime) / FLAGS.steps:.2f} s of kernel time")
+          f"{(after.ru_minflt - before.ru_minflt) / steps:.0f} page faults, "
+          f"{(after.ru_stime - before.ru_stime) / steps:.2f} s of kernel time")
     return
   python = torch_python()
   results = [compare_with_peer(size, peak, python) for size in FLAGS.sizes]

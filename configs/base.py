@@ -117,11 +117,13 @@ def get_config(row: str = ""):
   # micro-batch (0: the whole batch at once); the number of micro-batches per optimizer step
   # follows from tokens_per_batch and the number of data-parallel devices.
   c.micro_batch_tokens_per_device = 0
-  # Optimizer steps per call of the compiled step (1 without micro-batches' accumulation):
-  # batches of one length come in runs of this many, trained in one loop on the device, which
-  # saves a host round trip per step and, on CPU, XLA's fresh temporaries at every call
-  # (13% of a step for this model on 2 CPU cores; docs/PERFORMANCE.md).
-  c.steps_per_call = 4
+  # Optimizer steps per call of the compiled step (needs micro_batch_tokens_per_device = 0).
+  # Above 1, each length bucket's batches come in runs of this many, shuffled as runs, and a
+  # run is trained in one loop on the device: on CPU that reuses XLA's temporaries instead of
+  # fresh memory at every step (base steps 12% faster on 2 cores), but it changes the batch
+  # order, and the quick start trained that way scored lower (docs/PERFORMANCE.md). 1 keeps
+  # the plain shuffle.
+  c.steps_per_call = 1
 
   # Planning only (train.py --dry_run, python -m aiayn_flax.dry_run --table; docs/SCALE.md):
   # the hardware the plan is for and the model FLOPs utilisation assumed for its step time.

@@ -15,7 +15,8 @@ target tokens. For each size, our jitted step (compiled once, then warmed up) an
 subprocess that warms up before its own timer) are timed alternately, A B A B ..., so that
 both see the same machine load; the ratio is the median over pairs of peer time / our time.
 MFU is the model's analytic training FLOPs (aiayn_flax/flops.py) per second over an f32 matmul
-peak measured in this process. Our step runs as the trainer runs it, `steps_per_call` steps per
+peak measured in this process: the median of the peaks measured at the start and before each
+pair, since one measurement swung from 85 to 170 GFLOP/s between runs. Our step runs as the trainer runs it, `steps_per_call` steps per
 compiled call (configs/base.py; --steps_per_call=4 for the peer sizes, --config.steps_per_call=4
 in single-config mode), so a timing covers whole calls.
 
@@ -208,8 +209,9 @@ def peer_seconds_per_step(python: str, size: str, batch: int, length: int, steps
 def compare_with_peer(size: str, peak: float, python: str) -> dict:
   config, (batch, length) = size_config(size)
   ours = OurStep(config, batch, length)
-  pairs = []
+  pairs, peaks = [], [peak]
   for _ in range(FLAGS.pairs):
+    peaks.append(matmul_peak_gflops())  # the peak moves with the machine's load, as we do
     ours_s = ours.seconds_per_step(FLAGS.steps)
     peer_s = peer_seconds_per_step(python, size, batch, length, FLAGS.steps)
     pairs.append((ours_s, peer_s))
@@ -222,7 +224,8 @@ def compare_with_peer(size: str, peak: float, python: str) -> dict:
   return {"size": size, "batch": f"{batch}x{length}",
           "ours_tokens_per_s": tokens / ours_s, "peer_tokens_per_s": tokens / peer_s,
           "ratio": statistics.median(p / o for o, p in pairs),
-          "mfu": ours.flops_per_step() / ours_s / 1e9 / peak}
+          "peak": statistics.median(peaks),
+          "mfu": ours.flops_per_step() / ours_s / 1e9 / statistics.median(peaks)}
 
 
 def scaling_rows(config, peak: float, base_batch: int, base_length: int) -> list[dict]:
@@ -267,10 +270,11 @@ def main(argv):
   python = torch_python()
   results = [compare_with_peer(size, peak, python) for size in FLAGS.sizes]
   print("\n| size | batch | ours tokens/s | torch tokens/s | ours / torch (median of pairs) "
-        "| our MFU |\n|---|---|---:|---:|---:|---:|")
+        "| matmul peak, GFLOP/s | our MFU |\n|---|---|---:|---:|---:|---:|---:|")
   for r in results:
     print(f"| {r['size']} | {r['batch']} | {r['ours_tokens_per_s']:.0f} | "
-          f"{r['peer_tokens_per_s']:.0f} | {r['ratio']:.2f} | {r['mfu']:.2f} |")
+          f"{r['peer_tokens_per_s']:.0f} | {r['ratio']:.2f} | {r['peak']:.1f} | "
+          f"{r['mfu']:.2f} |")
   if FLAGS.scaling:
     for size in FLAGS.sizes:
       config, (batch, length) = size_config(size)

@@ -16,9 +16,10 @@ subprocess that warms up before its own timer) are timed alternately, A B A B ..
 both see the same machine load; the ratio is the median over pairs of peer time / our time.
 MFU is the model's analytic training FLOPs (aiayn_flax/flops.py) per second over an f32 matmul
 peak measured in this process: the median of the peaks measured at the start and before each
-pair, since one measurement swung from 85 to 170 GFLOP/s between runs. Our step runs as the trainer runs it, `steps_per_call` steps per
-compiled call (configs/base.py; --steps_per_call=4 for the peer sizes, --config.steps_per_call=4
-in single-config mode), so a timing covers whole calls.
+pair, since one measurement swung from 85 to 170 GFLOP/s between runs. Our step runs as the
+trainer runs it, `steps_per_call` steps per compiled call (configs/base.py; --steps_per_call=4
+for the peer sizes, --config.steps_per_call=4 in single-config mode), so a timing covers whole
+calls.
 
 The peer needs torch==2.13.0 (CPU build), which is not a project dependency: it is installed
 into .bench_venv/torch on first use (set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu

@@ -5,6 +5,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from aiayn_flax import checkpoints, trainer
 from conftest import REPO
@@ -123,6 +124,15 @@ def test_unknown_config_key_is_a_one_line_error():
   assert result.stderr.strip().splitlines() == [
       "train.py: error: --config.model.d_modle=64: the config has no field 'd_modle' (did you "
       "mean 'd_model'?); run with --dry_run, or read the config file, for the fields it has"]
+
+
+def test_several_steps_per_call_with_micro_batches_is_refused_naming_both_keys(tmp_path):
+  from configs import toy
+  config = toy.get_config()
+  config.steps_per_call, config.micro_batch_tokens_per_device = 2, 64  # 8 micro-batches a step
+  with pytest.raises(ValueError, match=r"steps_per_call=2: .*8 here.*micro_batch_tokens_per"):
+    trainer.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / "checkpoints")  # refused before anything was trained
 
 
 def test_missing_data_folder_is_a_one_line_error(tmp_path):

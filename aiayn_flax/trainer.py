@@ -174,6 +174,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh)
   batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  stacked_batch_sharding = sharding.stacked_batch_sharding(mesh)
   logging.info("devices: %s; mesh: %s", jax.devices(), dict(mesh.shape))
 
   vocab = pipeline.vocabulary_for(config, workdir)
@@ -214,8 +215,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   steps_fn = jax.jit(
       functools.partial(train_step.train_steps, model=model,
                         label_smoothing=config.label_smoothing, schedule=schedule),
-      in_shardings=(state_sharding, sharding.stacked_batch_sharding(mesh), replicated,
-                    replicated),
+      in_shardings=(state_sharding, stacked_batch_sharding, replicated, replicated),
       out_shardings=(state_sharding, replicated), donate_argnums=0)
   accumulate_fn = jax.jit(functools.partial(train_step.accumulate_step, model=model,
                                             label_smoothing=config.label_smoothing),
@@ -257,8 +257,8 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
         position = run[-1][0]
         progress.tokens += sum(real_tokens(batch) for _, batch in run)
         stacked = stack_batches([batch for _, batch in run], steps_per_call)
-        state, metrics = steps_fn(state, sharding.put_batch(
-            stacked, sharding.stacked_batch_sharding(mesh)), len(run), rng)
+        state, metrics = steps_fn(state, sharding.put_batch(stacked, stacked_batch_sharding),
+                                  len(run), rng)
         step += len(run)
       elif accumulation == 1:
         position, batch = next(batches)

@@ -115,7 +115,7 @@ class OurStep:
 
   def __init__(self, config, batch: int, length: int):
     self.config, self.batch, self.length = config, batch, length
-    self.steps_per_call = config.get("steps_per_call", 1)
+    self.steps_per_call = config.steps_per_call
     model = train_step.make_model(config)
     self.state = train_step.create_train_state(config, model)
     kwargs = dict(model=model, label_smoothing=config.label_smoothing,

@@ -120,7 +120,7 @@ def get_config(row: str = ""):
   # Optimizer steps per call of the compiled step (needs micro_batch_tokens_per_device = 0).
   # Above 1, each length bucket's batches come in runs of this many, shuffled as runs, and a
   # run is trained in one loop on the device: on CPU that reuses XLA's temporaries instead of
-  # fresh memory at every step (base steps 12% faster on 2 cores), but it changes the batch
+  # fresh memory at every step (base steps 9-13% faster on 2 cores), but it changes the batch
   # order, and the quick start trained that way scored lower (docs/PERFORMANCE.md). 1 keeps
   # the plain shuffle.
   c.steps_per_call = 1

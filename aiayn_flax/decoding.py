@@ -170,8 +170,8 @@ class _BeamState(NamedTuple):
 def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax.Array,
                 max_decode_len: int, bos_id: int, eos_id: int, beam_size: int,
                 alpha: float = 0.6,
-                reorder_cache: Callable[[Cache, jax.Array], Cache] | None = None
-                ) -> tuple[jax.Array, jax.Array]:
+                reorder_cache: Callable[[Cache, jax.Array], Cache] | None = None,
+                num_results: int | None = None) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty, as in tensor2tensor, with fairseq's EOS rule.
 
   Each sentence keeps K = beam_size alive hypotheses (no EOS yet) and the K best finished ones
@@ -186,12 +186,14 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
        into the K best finished ones. Without the rank condition, beam_size=1 would not be
        greedy search: it would keep an early EOS that greedy search passed over.
 
-  A sentence is done when its finished set is full and no alive hypothesis can still beat the
-  worst of it, or when it has no alive hypothesis left (all have reached the sentence's max
-  length). Log-probs only fall as a hypothesis grows, so an alive hypothesis' best possible
-  final score is its log-prob today divided by the largest length penalty it may still get
-  (at the sentence's max length when alpha >= 0). The loop stops when every sentence is done,
-  or after max_decode_len steps. Stopping early never changes the result.
+  Only the best n = num_results finished hypotheses are returned, and a sentence is done when
+  no alive hypothesis can still beat the n-th best finished one, or when it has no alive
+  hypothesis left (all have reached the sentence's max length). Log-probs only fall as a
+  hypothesis grows, so an alive hypothesis' best possible final score is its log-prob today
+  divided by the largest length penalty it may still get (at the sentence's max length when
+  alpha >= 0). The loop stops when every sentence is done, or after max_decode_len steps.
+  Stopping early never changes the n hypotheses returned; asking for fewer lets it stop sooner
+  (a translator that keeps only the best runs fewer steps than one that lists the K best).
 
   Args:
     tokens_to_logits: the model, see the module docstring.
@@ -205,15 +207,20 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
     reorder_cache: (cache, parents int32[B, K]) -> the cache of hypotheses that continue
       hypothesis parents[b, k] of sentence b. None: `gather_beams` of every row. A model that
       gives its own also lays its cache out for B * K hypotheses before the first step.
+    num_results: static n <= beam_size, how many hypotheses to return per sentence (default:
+      beam_size).
 
   Returns:
-    sequences int32[B, K, max_decode_len] (tokens, EOS included, PAD after it) and scores
-    float32[B, K], best first. A sentence with fewer than K possible hypotheses (a tiny max
+    sequences int32[B, n, max_decode_len] (tokens, EOS included, PAD after it) and scores
+    float32[B, n], best first. A sentence with fewer than n possible hypotheses (a tiny max
     length) has empty slots: score -inf, sequence all PAD.
   """
   batch_size = jnp.shape(max_lengths)[0]
   last_steps = _last_allowed_steps(max_lengths, max_decode_len)  # [B]
   k = beam_size
+  n = k if num_results is None else num_results
+  if not 1 <= n <= k:
+    raise ValueError(f"beam_search: num_results={num_results} must lie in [1, beam_size={k}]")
   if reorder_cache is None:
     cache, reorder_cache = expand_to_beams(cache, k), gather_beams
 
@@ -224,8 +231,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
     largest_penalty = jnp.maximum(length_penalty(state.step + 1, alpha),
                                   length_penalty(last_steps + 1, alpha))  # [B]
     best_possible_score = best_alive / largest_penalty  # [B]
-    worst_finished = state.finished_scores[:, -1]  # [B]: -inf until the set is full
-    sentence_done = (best_possible_score < worst_finished) | (best_alive == NEG_INF)  # [B]
+    nth_finished = state.finished_scores[:, n - 1]  # [B]: -inf until n have finished
+    sentence_done = (best_possible_score < nth_finished) | (best_alive == NEG_INF)  # [B]
     return (state.step < max_decode_len) & ~jnp.all(sentence_done)
 
   def decode_one_token(state: _BeamState) -> _BeamState:
@@ -300,8 +307,9 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
 
   # Every hypothesis that can end has ended: EOS is forced at each sentence's last allowed
   # step (which is within max_decode_len), and the early stop only fires once nothing alive
-  # can enter the finished set. So the finished set is the answer; slots left empty (fewer
-  # than K possible hypotheses) are made all PAD.
-  is_filled = (final.finished_scores > NEG_INF)[:, :, None]  # [B, K, 1]
-  sequences = jnp.where(is_filled, final.finished_seqs, PAD_ID)  # [B, K, L]
-  return sequences, final.finished_scores
+  # can enter the finished set's best n. So those are the answer; slots left empty (fewer
+  # than n possible hypotheses) are made all PAD.
+  scores = final.finished_scores[:, :n]  # [B, n]
+  is_filled = (scores > NEG_INF)[:, :, None]  # [B, n, 1]
+  sequences = jnp.where(is_filled, final.finished_seqs[:, :n], PAD_ID)  # [B, n, L]
+  return sequences, scores

@@ -54,7 +54,8 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
                                     model_lib.BOS_ID, vocabulary.EOS_ID)
     sequences, _ = decoding.beam_search(tokens_to_logits, step_cache, max_lengths, max_decode_len,
                                         model_lib.BOS_ID, vocabulary.EOS_ID, beam_size, alpha,
-                                        reorder_cache=model_lib.reorder_decode_cache)
+                                        reorder_cache=model_lib.reorder_decode_cache,
+                                        num_results=1)
     return sequences[:, 0]
 
   return decode

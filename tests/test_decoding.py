@@ -69,10 +69,10 @@ def first_order_table(next_token_probs):
   return table, np.zeros(VOCAB_SIZE)
 
 
-@functools.partial(jax.jit, static_argnames=("max_decode_len", "beam_size"))
-def run_beam_search(cache, max_lengths, alpha, max_decode_len, beam_size):
+@functools.partial(jax.jit, static_argnames=("max_decode_len", "beam_size", "num_results"))
+def run_beam_search(cache, max_lengths, alpha, max_decode_len, beam_size, num_results=None):
   return decoding.beam_search(markov_tokens_to_logits, cache, max_lengths, max_decode_len,
-                              BOS, EOS, beam_size, alpha)
+                              BOS, EOS, beam_size, alpha, num_results=num_results)
 
 
 @functools.partial(jax.jit, static_argnames=("max_decode_len",))
@@ -251,6 +251,48 @@ def test_searches_stop_when_every_hypothesis_is_finished():
   assert sequences[0, :, :3].tolist() == [[EOS, PAD, PAD], [A, EOS, PAD]]
   np.testing.assert_allclose(
       scores[0], [math.log(0.98), math.log(0.012 * 0.9) / (7 / 6) ** 0.6], rtol=1e-5)
+
+
+def test_asking_for_the_best_hypothesis_only_stops_as_soon_as_it_is_known():
+  cache = initial_cache(*zip(EARLY_EOS, EARLY_EOS))
+  max_lengths, max_decode_len = jnp.array([20, 12]), 20
+  (sequences, scores), calls = count_calls(
+      run_beam_search, cache, max_lengths, 0.6, max_decode_len=max_decode_len, beam_size=2,
+      num_results=1)
+  # Step 1 finishes "EOS" (score log(0.98) = -0.02); the best alive, "A", can at most reach
+  # log(0.012) / 2.35 = -1.88 at 20 tokens (-2.36 at 12): nothing can beat "EOS" any more.
+  assert calls == 1
+  assert sequences.shape == (2, 1, max_decode_len) and scores.shape == (2, 1)
+  assert sequences[:, 0, :2].tolist() == [[EOS, PAD], [EOS, PAD]]
+  np.testing.assert_allclose(scores[:, 0], [math.log(0.98)] * 2, rtol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_the_best_n_hypotheses_do_not_depend_on_how_many_are_asked_for(alpha):
+  # Stopping as soon as the best n are known must give the first n of the full K-best list.
+  tables = [random_table(seed, eos_shift=1.5) for seed in range(50, 58)]
+  cache = initial_cache(*zip(*tables))
+  max_lengths = jnp.array([3, 10, 5, 10, 6, 2, 9, 7])
+  (full, full_scores), full_calls = count_calls(run_beam_search, cache, max_lengths, alpha,
+                                                max_decode_len=10, beam_size=4)
+  calls_for = {}
+  for n in (1, 2, 3):
+    (best, best_scores), calls_for[n] = count_calls(
+        run_beam_search, cache, max_lengths, alpha, max_decode_len=10, beam_size=4,
+        num_results=n)
+    assert best.tolist() == full[:, :n].tolist()
+    np.testing.assert_array_equal(best_scores, full_scores[:, :n])
+    assert calls_for[n] <= full_calls
+  assert calls_for[1] < full_calls  # these tables finish early: the best is known sooner
+
+
+@pytest.mark.parametrize("num_results", [0, 3])
+def test_num_results_outside_the_beam_is_refused(num_results):
+  cache = initial_cache(*zip(EARLY_EOS))
+  with pytest.raises(ValueError, match=r"num_results=%d must lie in \[1, beam_size=2\]"
+                     % num_results):
+    run_beam_search(cache, jnp.array([5]), 0.6, max_decode_len=5, beam_size=2,
+                    num_results=num_results)
 
 
 def test_early_stop_does_not_change_the_result():

@@ -1,12 +1,17 @@
 """Decoding speed of a trained run: sentences/s and target tokens/s, greedy and beam 4.
 
   python bench/decode_speed.py --workdir=runs/multi30k [--batch_sizes=64] [--max_sentences=0]
+      [--repeats=3]
 
 For each test set (Multi30k test2016, and newstest2014's English source when the data folder
-has it) and each batch size, translates the whole set once to compile, then times a second
-pass. Prints one line per (test set, batch size, beam) and the beam-4 / greedy time ratio.
+has it) and each batch size, translates the whole set once with greedy search and once with
+beam 4 to compile, then times `repeats` pairs of passes, greedy and beam 4 alternately (this
+machine's speed drifts by 20-30% over minutes, so the two are compared pass by pass). Prints
+one line per (test set, batch size, beam) with the median pass, and the beam-4 / greedy time
+ratio: the median of the pairs' ratios.
 """
 import os
+import statistics
 import sys
 import time
 
@@ -21,11 +26,12 @@ flags.DEFINE_string("workdir", "runs/multi30k", "A trained run.")
 flags.DEFINE_list("batch_sizes", ["64"], "Decoding batch sizes to time.")
 flags.DEFINE_list("testsets", ["multi30k/test2016", "wmt14"], "Test sets (evaluate.py names).")
 flags.DEFINE_integer("max_sentences", 0, "Use only the first N sentences of each set (0: all).")
+flags.DEFINE_integer("repeats", 3, "Timed pairs of passes (greedy, beam 4) per batch size.")
 FLAGS = flags.FLAGS
+BEAM_SIZES = (1, 4)
 
 
 def timed_translation(translator, sentences) -> tuple[float, list[str]]:
-  translator.translate(sentences)  # compile every shape first
   start = time.perf_counter()
   outputs = translator.translate(sentences)
   return time.perf_counter() - start, outputs
@@ -45,18 +51,28 @@ def main(argv):
       continue
     sources = sources[:FLAGS.max_sentences or None]
     for batch_size in map(int, FLAGS.batch_sizes):
-      seconds = {}
-      for beam_size in (1, 4):
-        translator = Translator(model, params, vocab, beam_size=beam_size,
-                                alpha=config.length_penalty_alpha,
-                                extra_length=config.decode_extra_length, batch_size=batch_size)
-        seconds[beam_size], outputs = timed_translation(translator, sources)
-        tokens = sum(len(ids) + 1 for ids in vocab.encode_batch(outputs))  # + EOS
+      translators = {beam_size: Translator(
+          model, params, vocab, beam_size=beam_size, alpha=config.length_penalty_alpha,
+          extra_length=config.decode_extra_length, batch_size=batch_size)
+          for beam_size in BEAM_SIZES}
+      outputs = {beam_size: translator.translate(sources)  # compiles every shape
+                 for beam_size, translator in translators.items()}
+      seconds = {beam_size: [] for beam_size in BEAM_SIZES}
+      for _ in range(FLAGS.repeats):
+        for beam_size, translator in translators.items():
+          elapsed, again = timed_translation(translator, sources)
+          if again != outputs[beam_size]:
+            raise RuntimeError(f"beam {beam_size}: a second pass translated differently")
+          seconds[beam_size].append(elapsed)
+      for beam_size in BEAM_SIZES:
+        median = statistics.median(seconds[beam_size])
+        tokens = sum(len(ids) + 1 for ids in vocab.encode_batch(outputs[beam_size]))  # + EOS
         print(f"{testset} batch={batch_size} beam={beam_size}: {len(sources)} sentences in "
-              f"{seconds[beam_size]:.1f}s = {len(sources) / seconds[beam_size]:.1f} sentences/s, "
-              f"{tokens / seconds[beam_size]:.0f} target tokens/s")
-      print(f"{testset} batch={batch_size}: beam 4 / greedy time = {seconds[4] / seconds[1]:.2f}")
-
+              f"{median:.1f}s (median of {' '.join(f'{t:.1f}' for t in seconds[beam_size])}) "
+              f"= {len(sources) / median:.1f} sentences/s, {tokens / median:.0f} target tokens/s")
+      ratios = [beam / greedy for greedy, beam in zip(seconds[1], seconds[4])]
+      print(f"{testset} batch={batch_size}: beam 4 / greedy time = "
+            f"{statistics.median(ratios):.2f} (median of {' '.join(f'{r:.2f}' for r in ratios)})")
 
 if __name__ == "__main__":
   app.run(main)

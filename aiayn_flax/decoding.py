@@ -18,6 +18,10 @@ A model may instead keep its per-hypothesis state in place and give beam search 
 `reorder_cache` (see `beam_search`): model.py's decoder does, so that reordering moves a small
 table instead of every layer's keys and values.
 
+A model whose step reads its whole cache may also start with a short one and have the search
+grow it (`CacheStages`): the search then runs one loop per stage, and between stages calls
+`grow(cache, length)`.
+
 The searches run a fixed number of rows every step (static shapes under `jax.jit`), so rows
 that have nothing left to say are still fed a token: PAD for finished rows in greedy search, an
 arbitrary token for empty beams. Their logits are ignored.
@@ -88,6 +92,33 @@ def gather_beams(tree: Cache, beam_indices: jax.Array) -> Cache:
   return jax.tree.map(gather, tree)
 
 
+class CacheStages(NamedTuple):
+  """A cache grown as decoding goes on: the initial cache holds lengths[0] steps; once that
+  many tokens are generated the search calls grow(cache, lengths[1]), and so on. The last
+  length is max_decode_len. Each stage is its own loop, so the model's step is compiled once
+  per stage; the result does not depend on the stages."""
+  lengths: tuple[int, ...]  # increasing
+  grow: Callable[[Cache, int], Cache]
+
+
+def _while_loop_in_stages(not_done, body, state, stages: CacheStages | None,
+                          max_decode_len: int, cache_field: str):
+  """lax.while_loop(not_done, body, state), run stage by stage (see CacheStages); the cache
+  is the state's `cache_field`."""
+  if stages is None:
+    return lax.while_loop(not_done, body, state)
+  lengths = tuple(stages.lengths)
+  if list(lengths) != sorted(set(lengths)) or lengths[-1] != max_decode_len:
+    raise ValueError(f"CacheStages.lengths {lengths} must increase and end at "
+                     f"max_decode_len={max_decode_len}")
+  for stage, length in enumerate(lengths):
+    if stage:
+      state = state._replace(**{cache_field: stages.grow(getattr(state, cache_field), length)})
+    state = lax.while_loop(lambda s, length=length: not_done(s) & (s.step < length), body,
+                           state)
+  return state
+
+
 def _last_allowed_steps(max_lengths, max_decode_len: int) -> jax.Array:
   """int32[B]: the step at which each sentence must emit EOS (at the latest)."""
   max_lengths = jnp.asarray(max_lengths, jnp.int32)
@@ -107,7 +138,8 @@ class _GreedyState(NamedTuple):
 
 
 def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax.Array,
-                  max_decode_len: int, bos_id: int, eos_id: int) -> jax.Array:
+                  max_decode_len: int, bos_id: int, eos_id: int,
+                  cache_stages: CacheStages | None = None) -> jax.Array:
   """Picks the most likely token at every step.
 
   Args:
@@ -116,6 +148,7 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: j
     max_lengths: int32[B], the most tokens (EOS included) row b may generate.
     max_decode_len: static length of the output buffer.
     bos_id, eos_id: token ids fed first / ending a sentence.
+    cache_stages: grow the cache as decoding goes on (see CacheStages); None: it is full size.
 
   Returns:
     int32[B, max_decode_len]: the generated tokens, EOS included, PAD after it. The loop stops
@@ -147,7 +180,8 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: j
       sequences=jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
       finished=jnp.zeros((batch_size,), bool),
       cache=cache)
-  return lax.while_loop(not_done, decode_one_token, initial).sequences
+  return _while_loop_in_stages(not_done, decode_one_token, initial, cache_stages,
+                               max_decode_len, "cache").sequences
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,7 +205,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
                 max_decode_len: int, bos_id: int, eos_id: int, beam_size: int,
                 alpha: float = 0.6,
                 reorder_cache: Callable[[Cache, jax.Array], Cache] | None = None,
-                num_results: int | None = None) -> tuple[jax.Array, jax.Array]:
+                num_results: int | None = None,
+                cache_stages: CacheStages | None = None) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty, as in tensor2tensor, with fairseq's EOS rule.
 
   Each sentence keeps K = beam_size alive hypotheses (no EOS yet) and the K best finished ones
@@ -209,6 +244,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
       gives its own also lays its cache out for B * K hypotheses before the first step.
     num_results: static n <= beam_size, how many hypotheses to return per sentence (default:
       beam_size).
+    cache_stages: grow the cache as decoding goes on (see CacheStages); None: it is full size.
 
   Returns:
     sequences int32[B, n, max_decode_len] (tokens, EOS included, PAD after it) and scores
@@ -303,7 +339,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
       alive_cache=cache,
       finished_seqs=jnp.full((batch_size, k, max_decode_len), PAD_ID, jnp.int32),
       finished_scores=jnp.full((batch_size, k), NEG_INF, jnp.float32))
-  final = lax.while_loop(not_done, decode_one_token, initial)
+  final = _while_loop_in_stages(not_done, decode_one_token, initial, cache_stages,
+                                max_decode_len, "alive_cache")
 
   # Every hypothesis that can end has ended: EOS is forced at each sentence's last allowed
   # step (which is within max_decode_len), and the early stop only fires once nothing alive

@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from aiayn_flax import decoding
 from aiayn_flax.data.vocabulary import BOS_ID, PAD_ID  # BOS is the decoder's first input
@@ -364,6 +365,7 @@ class Decoder(nn.Module):
     position = step.value
     if not is_initialized:
       return position, None
+    cache_length = slots.value.shape[1]  # grow_decode_cache may have lengthened the cache
     own_slot = jnp.arange(n, dtype=jnp.int32) % beams  # [N]: beam k writes to slot k
     slots.value = jax.lax.dynamic_update_slice(slots.value, own_slot[:, None], (0, position))
     step.value = position + 1
@@ -372,6 +374,21 @@ class Decoder(nn.Module):
         beams)  # [B, beams, L, beams (slot)]
     written = (jnp.arange(cache_length) <= position)[:, None]  # [L, 1]
     return position, (is_slot & written).reshape(batch, 1, beams, cache_length * beams)
+
+
+def grow_decode_cache(cache, length: int):
+  """The decoding cache with room for `length` positions: each self-attention cache and the
+  slot table padded with empty positions. Decoding can start with a short cache and grow it as
+  the steps go on: a step's attention reads the whole cache, written or not."""
+  def grow(path, x):
+    axis = {"keys": 2, "values": 3, "slots": 1}.get(path[-1])  # the position (x slot) axis
+    if axis is None:
+      return x
+    slots_per_position = x.shape[axis] // cache["decoder"]["slots"].shape[1]  # beams, or 1
+    padding = [(0, 0)] * x.ndim
+    padding[axis] = (0, length * slots_per_position - x.shape[axis])
+    return jnp.pad(x, padding)
+  return traverse_util.path_aware_map(grow, cache)
 
 
 def reorder_decode_cache(cache, parents):

@@ -32,10 +32,13 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
     max_lengths = jnp.where(source_lengths > 0, source_lengths + extra_length, 1)
     memory = model.apply({"params": params}, inputs, method=model_lib.Transformer.encode)
     # One row per hypothesis: the model lays its cache out for beam_size beams per sentence.
+    # The cache starts short and grows (each step's attention reads all of it).
+    stages = decoding.CacheStages(cache_stage_lengths(max_decode_len),
+                                  model_lib.grow_decode_cache)
     bos = jnp.full((inputs.shape[0] * beam_size, 1), model_lib.BOS_ID, jnp.int32)
     _, variables = model.apply({"params": params}, memory, inputs, bos, decode=True,
-                               cache_length=max_decode_len, method=model_lib.Transformer.decode,
-                               mutable=["cache"])
+                               cache_length=stages.lengths[0],
+                               method=model_lib.Transformer.decode, mutable=["cache"])
     # The encoder output's keys/values are fixed while decoding: they stay out of the loop
     # state.
     step_cache, fixed_cache = _split_cache(variables["cache"])
@@ -46,19 +49,28 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
                                             **fixed_cache})
       logits, updated = model.apply(
           {"params": params, "cache": cache}, None, inputs, ids, decode=True,
-          cache_length=max_decode_len, method=model_lib.Transformer.decode, mutable=["cache"])
+          method=model_lib.Transformer.decode, mutable=["cache"])
       return logits[:, 0], _split_cache(updated["cache"])[0]
 
     if beam_size == 1:
       return decoding.greedy_decode(tokens_to_logits, step_cache, max_lengths, max_decode_len,
-                                    model_lib.BOS_ID, vocabulary.EOS_ID)
+                                    model_lib.BOS_ID, vocabulary.EOS_ID, cache_stages=stages)
     sequences, _ = decoding.beam_search(tokens_to_logits, step_cache, max_lengths, max_decode_len,
                                         model_lib.BOS_ID, vocabulary.EOS_ID, beam_size, alpha,
                                         reorder_cache=model_lib.reorder_decode_cache,
-                                        num_results=1)
+                                        num_results=1, cache_stages=stages)
     return sequences[:, 0]
 
   return decode
+
+
+def cache_stage_lengths(max_decode_len: int, first: int = 16) -> tuple[int, ...]:
+  """Cache lengths for decoding up to max_decode_len tokens: 16, 32, 64, ... while at most half
+  of max_decode_len, then max_decode_len (16, 32, 66 for a 16-token source + 50)."""
+  lengths = []
+  while 2 * (length := first << len(lengths)) <= max_decode_len:
+    lengths.append(length)
+  return (*lengths, max_decode_len)
 
 
 def _split_cache(cache):

@@ -295,6 +295,50 @@ def test_num_results_outside_the_beam_is_refused(num_results):
                     num_results=num_results)
 
 
+def test_a_cache_grown_in_stages_gives_the_same_result():
+  # The toy model's cache gets a "room" leaf [N, length]; a step with no room left poisons its
+  # logits with NaN, so any step taken before the cache was grown would change the outputs.
+  def roomy_tokens_to_logits(ids, cache):
+    logits, new_cache = markov_tokens_to_logits(ids, cache)
+    has_room = cache["step"] < cache["room"].shape[1]
+    return jnp.where(has_room, logits, jnp.nan), new_cache
+
+  grown = []
+
+  def grow(cache, length):
+    grown.append(length)
+    room = cache["room"]
+    return dict(cache, room=jnp.pad(room, ((0, 0), (0, length - room.shape[1]))))
+
+  tables = [random_table(seed, eos_shift=-1.0) for seed in (61, 62, 63)]
+  cache = initial_cache(*zip(*tables))
+  max_lengths, max_decode_len = jnp.array([9, 4, 7]), 9
+  stages = decoding.CacheStages((2, 3, 6, 9), grow)
+  staged_cache = dict(cache, room=jnp.zeros((3, 2)))
+  greedy = decoding.greedy_decode(markov_tokens_to_logits, cache, max_lengths, max_decode_len,
+                                  BOS, EOS)
+  staged = decoding.greedy_decode(roomy_tokens_to_logits, staged_cache, max_lengths,
+                                  max_decode_len, BOS, EOS, cache_stages=stages)
+  assert staged.tolist() == greedy.tolist()
+  assert grown == [3, 6, 9]
+  beams, scores = decoding.beam_search(markov_tokens_to_logits, cache, max_lengths,
+                                       max_decode_len, BOS, EOS, 3, 0.6)
+  (staged, staged_scores), calls = count_calls(
+      decoding.beam_search, roomy_tokens_to_logits, staged_cache, max_lengths, max_decode_len,
+      BOS, EOS, 3, 0.6, cache_stages=stages)
+  assert staged.tolist() == beams.tolist()
+  np.testing.assert_array_equal(staged_scores, scores)
+  assert calls > 6  # the search went on into the last stage
+
+
+@pytest.mark.parametrize("lengths", [(4, 2, 9), (2, 4), (2, 4, 10)])
+def test_cache_stages_must_increase_up_to_the_buffer_length(lengths):
+  cache = initial_cache(*zip(EARLY_EOS))
+  with pytest.raises(ValueError, match="must increase and end at max_decode_len=9"):
+    decoding.greedy_decode(markov_tokens_to_logits, cache, jnp.array([9]), 9, BOS, EOS,
+                           cache_stages=decoding.CacheStages(lengths, lambda c, n: c))
+
+
 def test_early_stop_does_not_change_the_result():
   # Same sentence, once with the buffer it needs and once with a much longer one whose
   # max length never binds: the hypotheses and scores must not change.

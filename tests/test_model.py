@@ -96,13 +96,15 @@ def test_cached_decoding_matches_full_forward(positions):
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_beam_search_over_beam_slots_matches_gathering_every_hypothesis_cache(seed):
+@pytest.mark.parametrize("seed, extra_length", [(0, 5), (1, 5), (2, 30)])
+def test_translator_search_matches_the_plain_algorithm(seed, extra_length):
   """The translator's beam search keeps each sentence's encoder keys/values once and its
-  self-attention keys/values in place (one slot per beam, reordering only the slot table). It
-  must find what the plain algorithm finds: every hypothesis a separate row with its own copy
-  of everything, rows gathered from their parents at every step (`decoding.gather_beams`)."""
-  model, beams, extra_length = small_model(), 4, 5
+  self-attention keys/values in place (one slot per beam, reordering only the slot table), and
+  its cache starts at 16 positions and grows (with extra_length 30, to 38). It must find what
+  the plain algorithm finds: every hypothesis a separate row with its own full-length copy of
+  everything, rows gathered from their parents at every step (`decoding.gather_beams`). So
+  must its greedy search."""
+  model, beams = small_model(), 4
   rng = np.random.default_rng(seed)
   inputs = np.array(random_tokens(rng, 3, 8))
   inputs[1, 5:] = 0
@@ -123,13 +125,21 @@ def test_beam_search_over_beam_slots_matches_gathering_every_hypothesis_cache(se
         cache_length=max_decode_len, method=model_lib.Transformer.decode, mutable=["cache"])
     return logits[:, 0], {"model": updated["cache"], "inputs": cache["inputs"]}
 
+  plain_cache = {"model": cache["cache"], "inputs": jnp.asarray(inputs)}
   for alpha in (0.0, 0.6):
-    expected, _ = decoding.beam_search(
-        every_row_its_own_sentence, {"model": cache["cache"], "inputs": jnp.asarray(inputs)},
-        max_lengths, max_decode_len, model_lib.BOS_ID, vocabulary.EOS_ID, beams, alpha)
+    expected, _ = decoding.beam_search(every_row_its_own_sentence, plain_cache, max_lengths,
+                                       max_decode_len, model_lib.BOS_ID, vocabulary.EOS_ID,
+                                       beams, alpha)
     decode = translator.make_decode_fn(model, beams, alpha, extra_length)
     np.testing.assert_array_equal(decode(params, inputs), expected[:, 0])
   assert len({tuple(np.asarray(row)) for row in expected[:, 0]}) == 3  # not a degenerate case
+  greedy = decoding.greedy_decode(every_row_its_own_sentence, plain_cache, max_lengths,
+                                  max_decode_len, model_lib.BOS_ID, vocabulary.EOS_ID)
+  np.testing.assert_array_equal(translator.make_decode_fn(model, 1, 0.6, extra_length)(
+      params, inputs), greedy)
+  if extra_length == 30:  # decoding went past the first stage of the cache
+    assert np.sum(np.asarray(greedy) != 0, axis=1).max() > 16
+    assert np.sum(np.asarray(expected[:, 0]) != 0, axis=1).max() > 16
 
 
 def test_embedding_is_shared_and_tied():

@@ -413,6 +413,24 @@ def test_jit_compiles_once_and_matches_eager_decoding():
                                     EOS).tolist())
 
 
+@pytest.mark.parametrize("size, k, chunk", [(8000, 8, 64), (1000, 8, 64), (300, 5, 7),
+                                            (40, 3, 16), (9, 2, 4)])
+def test_top_k_by_chunks_equals_top_k_with_its_tie_breaking(size, k, chunk):
+  rng = np.random.default_rng(size)
+  rows = [
+      rng.normal(size=size),
+      rng.integers(0, 4, size),  # many ties
+      np.where(rng.random(size) < 0.9, -np.inf, rng.normal(size=size)),  # few finite
+      np.full(size, -np.inf),  # all ties at -inf: lowest indices
+      np.where(np.arange(size) == size - 1, 0.0, -np.inf),  # the best is last
+  ]
+  x = jnp.asarray(np.stack(rows).reshape(1, len(rows), size), jnp.float32)
+  values, indices = decoding.top_k_by_chunks(x, k, chunk)
+  expected_values, expected_indices = jax.lax.top_k(x, k)
+  np.testing.assert_array_equal(values, expected_values)
+  np.testing.assert_array_equal(indices, expected_indices)
+
+
 # --------------------------------------------------------------------------------------------
 # Cache helpers
 

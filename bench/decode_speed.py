@@ -74,5 +74,6 @@ def main(argv):
       print(f"{testset} batch={batch_size}: beam 4 / greedy time = "
             f"{statistics.median(ratios):.2f} (median of {' '.join(f'{r:.2f}' for r in ratios)})")
 
+
 if __name__ == "__main__":
   app.run(main)

@@ -142,6 +142,13 @@ def test_translator_search_matches_the_plain_algorithm(seed, extra_length):
     assert np.sum(np.asarray(expected[:, 0]) != 0, axis=1).max() > 16
 
 
+@pytest.mark.parametrize("max_decode_len, stages", [
+    (20, (20,)), (32, (16, 32)), (66, (16, 32, 66)), (127, (16, 32, 127)),
+    (178, (16, 32, 64, 178))])
+def test_the_decoding_cache_doubles_from_16_and_ends_at_the_buffer_length(max_decode_len, stages):
+  assert translator.cache_stage_lengths(max_decode_len) == stages
+
+
 def test_embedding_is_shared_and_tied():
   model = small_model()
   params = model.init(jax.random.key(0), jnp.ones((1, 3), jnp.int32), jnp.ones((1, 3), jnp.int32))

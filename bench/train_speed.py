@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from aiayn_flax import flops, model, optimizer, train_step  # noqa: E402
+from aiayn_flax import flops, model, optimizer, train_step, trainer  # noqa: E402
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py",
                                 "Config timed alone when --sizes is empty.")
@@ -129,19 +129,24 @@ class OurStep:
       self.calls = [functools.partial(step, batch=b) for b in self.batches]
     else:
       steps = jax.jit(functools.partial(train_step.train_steps, **kwargs), donate_argnums=0)
-      stacked = {k: np.stack([self.batches[i % 4][k] for i in range(self.steps_per_call)])
-                 for k in self.batches[0]}
+      stacked = trainer.stack_batches(
+          [self.batches[i % len(self.batches)] for i in range(self.steps_per_call)],
+          self.steps_per_call)
       self.calls = [functools.partial(steps, batches=stacked, num_steps=self.steps_per_call)]
     self.seconds_per_step(2)  # compile and warm up
 
+  def in_whole_calls(self, steps: int) -> int:
+    """The steps of the fewest whole calls that make at least `steps` steps."""
+    return -(-steps // self.steps_per_call) * self.steps_per_call
+
   def seconds_per_step(self, steps: int) -> float:
     """Runs at least `steps` steps, in whole calls; returns the time per step."""
-    calls = -(-steps // self.steps_per_call)
+    steps = self.in_whole_calls(steps)
     start = time.perf_counter()
-    for i in range(calls):
+    for i in range(steps // self.steps_per_call):
       self.state, metrics = self.calls[i % len(self.calls)](self.state, rng=self.key)
     jax.block_until_ready((self.state, metrics))
-    return (time.perf_counter() - start) / (calls * self.steps_per_call)
+    return (time.perf_counter() - start) / steps
 
   def flops_per_step(self) -> float:
     return flops.train_flops(self.config.model, self.batch, self.length, self.length)
@@ -257,7 +262,7 @@ def main(argv):
       compare_dropout(config, batch, FLAGS.length)
       return
     ours = OurStep(config, batch, FLAGS.length)
-    steps = -(-FLAGS.steps // ours.steps_per_call) * ours.steps_per_call  # whole calls
+    steps = ours.in_whole_calls(FLAGS.steps)
     before = resource.getrusage(resource.RUSAGE_SELF)
     seconds = ours.seconds_per_step(steps)
     after = resource.getrusage(resource.RUSAGE_SELF)

@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import ml_collections
+from flax import linen as nn
 import numpy as np
 import pytest
 
@@ -21,22 +22,32 @@ def random_tokens(rng, batch, length, vocab=50):
 
 
 @pytest.mark.parametrize("pre_layer_norm", [False, True])
-def test_changing_padded_source_tokens_leaves_output_unchanged(pre_layer_norm):
+def test_padding_tokens_do_not_reach_real_positions(pre_layer_norm):
+  """Padding is token 0, so "what sits under padding" is the PAD embedding row: replacing it
+  by random values must leave every real position's logits exactly unchanged (but PAD's own
+  logit, which the shared output projection computes from that row)."""
   model = small_model(pre_layer_norm=pre_layer_norm)
   rng = np.random.default_rng(0)
   inputs = np.array(random_tokens(rng, 2, 9))
-  targets = random_tokens(rng, 2, 6)
-  params = model.init(jax.random.key(0), inputs, targets)
-  inputs[:, 6:] = 0  # padding
-  logits = model.apply(params, inputs, targets)
-  changed = inputs.copy()
-  changed[:, 6:] = 17  # a padded position's content must not matter...
-  changed_mask_kept = model.apply(params, changed, targets)
-  assert not np.array_equal(logits, changed_mask_kept)  # ...once it is no longer padding
-  # Changing which token sits under padding: rebuild with PAD, then compare exactly.
-  other = inputs.copy()
-  other[:, 7] = 0
-  np.testing.assert_array_equal(logits, model.apply(params, other, targets))
+  targets = np.array(random_tokens(rng, 2, 6))
+  inputs[:, 6:] = 0  # source padding
+  targets[1, 4:] = 0  # right padding: the causal mask already hides it from real positions
+  params = nn.meta.unbox(model.init(jax.random.key(0), inputs, targets))
+  table = params["params"]["shared_embedding"]["embedding"]
+  new_row = jnp.asarray(rng.normal(0, 3, table.shape[1]), table.dtype)
+
+  def with_row(token):  # the parameters with one embedding row replaced by new_row
+    return {"params": {**params["params"], "shared_embedding": {
+        "embedding": table.at[token].set(new_row)}}}
+
+  real = targets != 0
+  logits = np.asarray(model.apply(params, inputs, targets))[real]
+  changed = np.asarray(model.apply(with_row(0), inputs, targets))[real]
+  np.testing.assert_array_equal(logits[:, 1:], changed[:, 1:])
+  # The same change reaches the real positions when those tokens are real (a control).
+  unpadded = np.where(inputs == 0, 5, inputs)
+  assert not np.array_equal(np.asarray(model.apply(params, unpadded, targets))[real][:, 1:],
+                            np.asarray(model.apply(with_row(5), unpadded, targets))[real][:, 1:])
 
 
 def test_padded_positions_are_masked_exactly():

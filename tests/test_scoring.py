@@ -1,5 +1,7 @@
 """Scoring against real system outputs whose BLEU is published (see shared/data/README.md)."""
+import collections
 import json
+import math
 import os
 import pathlib
 import re
@@ -124,6 +126,36 @@ def test_opusmt_paper_protocol_regression(opusmt_scores):
   assert (details["hyp_len"], details["ref_len"]) == (66072, 64496)
   assert "smooth:none" in details["signature"] and "tok:none" in details["signature"]
   assert "##AT##" in opusmt_scores["tokenized_bleu_protocol"]
+
+
+def multi_bleu(hypotheses: list[list[str]], references: list[list[str]]) -> float:
+  """Corpus BLEU-4 as Moses' multi-bleu.perl defines it (clipped n-gram matches summed over
+  the corpus, geometric mean of the four precisions, brevity penalty exp(1 - r/c) when c < r),
+  written here from that definition: an independent check of scoring.tokenized_bleu, which
+  goes through sacrebleu's BLEU class."""
+  matches, totals, hyp_len, ref_len = [0] * 4, [0] * 4, 0, 0
+  for hyp, ref in zip(hypotheses, references, strict=True):
+    hyp_len, ref_len = hyp_len + len(hyp), ref_len + len(ref)
+    for n in range(1, 5):
+      ref_counts = collections.Counter(tuple(ref[i:i + n]) for i in range(len(ref) - n + 1))
+      hyp_counts = collections.Counter(tuple(hyp[i:i + n]) for i in range(len(hyp) - n + 1))
+      matches[n - 1] += sum(min(c, ref_counts[gram]) for gram, c in hyp_counts.items())
+      totals[n - 1] += max(len(hyp) - n + 1, 0)
+  if min(matches) == 0:
+    return 0.0
+  brevity = 1.0 if hyp_len >= ref_len else math.exp(1 - ref_len / hyp_len)
+  return 100 * brevity * math.exp(sum(math.log(m / t) for m, t in zip(matches, totals)) / 4)
+
+
+def test_paper_protocol_equals_an_independent_multi_bleu(opusmt_scores):
+  tokenizer = MosesTokenizer(lang="de")
+
+  def paper_tokens(path):  # tokenizer.perl -l de, then get_ende_bleu.sh's compound splitting
+    return [re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", tokenizer.tokenize(line, return_str=True),
+                   flags=re.ASCII).split() for line in read_lines(str(path))]
+
+  expected = multi_bleu(paper_tokens(OPUSMT_OUTPUT), paper_tokens(NEWSTEST2014_DE))
+  assert opusmt_scores["tokenized_bleu"] == pytest.approx(expected, abs=1e-9)
 
 
 def test_moses_escaping_does_not_change_paper_bleu(opusmt_scores):

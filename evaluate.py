@@ -1,5 +1,6 @@
 """Translate a test set with a trained run and score it as the paper did and as sacreBLEU does.
 
+  python evaluate.py --workdir=runs/base       # the run's test split: newstest2014 for WMT14
   python evaluate.py --workdir=runs/multi30k --testset=multi30k/test2016
   python evaluate.py --workdir=runs/base --testset=wmt14 --beam_size=4 --average_last=5
   python evaluate.py --workdir=DIR --src_file=my.en --ref_file=my.de
@@ -18,7 +19,8 @@ from absl import app, flags, logging
 flags.DEFINE_string("workdir", None, "A run's directory (checkpoints, vocabulary, config).")
 flags.DEFINE_string("testset", None, "multi30k/test2016 (…/test2017, test2018, "
                     "test2017_mscoco, validation), wmt14 (newstest2014 EN->DE), split:NAME.")
-flags.DEFINE_string("split", None, "A split of the run's own dataset (same as split:NAME).")
+flags.DEFINE_string("split", None, "A split of the run's own dataset (same as split:NAME; "
+                    "default: the run's config.dataset.test_split).")
 flags.DEFINE_string("src_file", None, "Source sentences, one per line.")
 flags.DEFINE_string("ref_file", None, "References, one per line.")
 flags.DEFINE_string("hyp_file", None, "Existing translations to score (with --ref_file).")
@@ -66,9 +68,8 @@ def translate_and_score() -> None:
     sources, references = text_files.read_parallel_lines(FLAGS.src_file, FLAGS.ref_file)
     name = os.path.basename(FLAGS.src_file)
   else:
-    testset = FLAGS.testset or (f"split:{FLAGS.split}" if FLAGS.split else None)
-    if not testset:
-      raise app.UsageError("give --testset, --split, or --src_file/--ref_file")
+    # Default: the run's test split (newstest2014 for WMT14 EN-DE, test2016 for Multi30k).
+    testset = FLAGS.testset or f"split:{FLAGS.split or config.dataset.test_split}"
     sources, references = run_dir.testset_pairs(testset, config)
     name = testset.replace("/", "_").replace(":", "_")
 

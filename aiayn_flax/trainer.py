@@ -23,6 +23,9 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "decode_extra_length", "decode_batch_size", "average_last_checkpoints",
     "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
     "checkpoint_asynchronously"})
+# Fields that earlier versions saved and that no longer exist (they were never read): a run
+# that saved them resumes without a conflict.
+REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer"})
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -41,7 +44,7 @@ def resume_conflicts(saved: dict, current: dict, prefix: str = "") -> list[str]:
     old, new = saved.get(key), current.get(key)
     if isinstance(old, dict) and isinstance(new, dict):
       conflicts += resume_conflicts(old, new, name + ".")
-    elif old != new and name not in SAFE_TO_CHANGE_ON_RESUME:
+    elif old != new and name not in SAFE_TO_CHANGE_ON_RESUME | REMOVED_FIELDS:
       conflicts.append(f"{name}: {old!r} -> {new!r}")
   return conflicts
 

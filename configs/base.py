@@ -76,7 +76,6 @@ def get_config(row: str = ""):
       bucket_min_length=8,  # boundaries grow geometrically from here to max_length
       bucket_growth=1.25,
       bucket_quantum=8,  # boundaries are multiples of this
-      shuffle_buffer=100_000,
   ))
 
   c.model = model_config()
@@ -89,7 +88,6 @@ def get_config(row: str = ""):
   c.adam_b2 = 0.98
   c.adam_eps = 1e-9
   c.label_smoothing = label_smoothing
-  c.weight_decay = 0.0
 
   # Batching (5.1): about 25000 source and 25000 target tokens per optimizer step.
   c.tokens_per_batch = 25000

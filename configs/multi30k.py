@@ -23,7 +23,6 @@ def get_config():
       bucket_min_length=8,
       bucket_growth=1.1,
       bucket_quantum=4,  # 17% padding instead of 23% with multiples of 8
-      shuffle_buffer=29_000,
   )
   c.model.update(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4, num_layers=3)
   c.warmup_steps = 1000

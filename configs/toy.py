@@ -14,7 +14,6 @@ def get_config():
       max_length=12,  # symbols per sequence are drawn from [min_symbols, max_length - 1]
       bucket_min_length=8,
       bucket_growth=1.5,
-      shuffle_buffer=1000,
   )
   c.dataset.toy_min_symbols = 4
   c.dataset.toy_train_examples = 20000

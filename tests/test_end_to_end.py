@@ -95,6 +95,15 @@ def test_evaluate_scores_a_run_on_files(toy_run, tmp_path):
   assert (tmp_path / "src.beam4_avg1_step1000.hyp").read_text() == "8 7 6 5\n13 12 11 10 9\n"
 
 
+def test_evaluate_without_a_testset_scores_the_runs_test_split(toy_run, tmp_path):
+  config, workdir, _ = toy_run
+  result = run_script("evaluate.py", f"--workdir={workdir}", "--average_last=1",
+                      f"--output_dir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  hypotheses = (tmp_path / "split_test.beam1_avg1_step1000.hyp").read_text().splitlines()
+  assert len(hypotheses) == config.dataset.toy_eval_examples  # the toy's test split
+
+
 def test_evaluate_names_both_files_when_line_counts_differ(shared_data):
   hyp, ref = shared_data / "wmt14/newstest2013.de", shared_data / "wmt14/newstest2014.de"
   result = run_script("evaluate.py", f"--hyp_file={hyp}", f"--ref_file={ref}")

@@ -1,0 +1,63 @@
+"""Every field of every config is read by the code: a field nothing reads would let
+`--config.key=value` silently change nothing (and still take part in the resume check)."""
+import pathlib
+import re
+
+import pytest
+
+from configs import base, big, big_enfr, multi30k, toy
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# Where a field may be read: the library, the entry points and the benchmarks (not configs/,
+# which only set fields, nor tests/).
+READERS = sorted([*REPO.glob("aiayn_flax/**/*.py"), *REPO.glob("*.py"), *REPO.glob("bench/*.py")])
+
+CONFIGS = {"base": base.get_config(), "big": big.get_config(), "big_enfr": big_enfr.get_config(),
+           "multi30k": multi30k.get_config(), "toy": toy.get_config(),
+           **{f"base:{row}": base.get_config(row) for row in base.TABLE3_ROWS}}
+
+
+def leaf_fields(config, prefix=""):
+  for key, value in config.items():
+    if hasattr(value, "items"):
+      yield from leaf_fields(value, f"{prefix}{key}.")
+    else:
+      yield prefix + key
+
+
+def read_patterns(key: str) -> re.Pattern:
+  """How code reads a field: config.key, config.get("key"...), config["key"]."""
+  k = re.escape(key)
+  return re.compile(rf"\.{k}\b|get\(\s*[\"']{k}[\"']|\[\s*[\"']{k}[\"']\s*\]")
+
+
+@pytest.fixture(scope="module")
+def source_text():
+  return "\n".join(path.read_text(encoding="utf-8") for path in READERS)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_every_config_field_is_read_by_the_code(name, source_text):
+  unread = [field for field in leaf_fields(CONFIGS[name])
+            if not read_patterns(field.rsplit(".", 1)[-1]).search(source_text)]
+  assert not unread, f"configs {name}: fields nothing reads: {unread}"
+
+
+def test_the_check_sees_an_unread_field(source_text):
+  config = toy.get_config()
+  config.dataset.never_read_anywhere = 1
+  assert "dataset.never_read_anywhere" in [
+      f for f in leaf_fields(config)
+      if not read_patterns(f.rsplit(".", 1)[-1]).search(source_text)]
+
+
+def test_a_run_saved_with_removed_fields_resumes_without_conflict():
+  from aiayn_flax import trainer
+  current = trainer.config_dict(toy.get_config())
+  saved = {**current, "weight_decay": 0.0,
+           "dataset": {**current["dataset"], "shuffle_buffer": 1000}}
+  assert trainer.resume_conflicts(saved, current) == []
+  saved["dataset"]["max_length"] += 1
+  assert trainer.resume_conflicts(saved, current) == [
+      f"dataset.max_length: {current['dataset']['max_length'] + 1} -> "
+      f"{current['dataset']['max_length']}"]

@@ -11,7 +11,7 @@ import numpy as np
 from absl import logging
 from clu import metric_writers
 
-from aiayn_flax import checkpoints, optimizer, scoring, sharding, train_step
+from aiayn_flax import checkpoints, config_checks, optimizer, scoring, sharding, train_step
 from aiayn_flax.data import bucketing, pipeline
 from aiayn_flax.translator import Translator
 
@@ -174,6 +174,7 @@ def restore_or_init(config, mngr, state, force_resume: bool):
 def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict:
   """Trains `config` in `workdir`, resuming from its latest checkpoint. Returns final metrics,
   with the final parameters' digest."""
+  config_checks.check_config(config)
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh)
   batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)

@@ -61,3 +61,27 @@ def test_a_run_saved_with_removed_fields_resumes_without_conflict():
   assert trainer.resume_conflicts(saved, current) == [
       f"dataset.max_length: {current['dataset']['max_length'] + 1} -> "
       f"{current['dataset']['max_length']}"]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.num_train_steps=0", "config.num_train_steps=0: must be a positive integer"),
+    ("--config.model.num_heads=3",
+     "config.model.d_model=64: must be a multiple of model.num_heads=3 while model.qk_dim is 0 "
+     "(d_model / num_heads per head); or set model.qk_dim"),
+])
+def test_a_bad_config_value_stops_train_py_with_one_line_naming_the_key(override, message,
+                                                                        tmp_path):
+  import subprocess
+  import sys
+  result = subprocess.run([sys.executable, "train.py", "--config=configs/toy.py", override,
+                           f"--workdir={tmp_path / 'run'}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1] == f"train.py: error: {message}"
+  assert not (tmp_path / "run").exists()  # stopped before anything was written
+
+
+def test_config_checks_accept_every_shipped_config():
+  from aiayn_flax import config_checks
+  for config in CONFIGS.values():
+    config_checks.check_config(config)  # raises on a bad value

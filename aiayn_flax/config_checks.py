@@ -1,0 +1,49 @@
+"""Config values checked before anything is built: a bad value stops the run at once with one
+line naming its key, instead of training silently on something else (a `d_model` that
+`num_heads` does not divide used to give heads of d_model // h, dropping the remainder)."""
+
+
+def _check(ok: bool, key: str, value, requirement: str) -> None:
+  if not ok:
+    raise ValueError(f"config.{key}={value!r}: {requirement}")
+
+
+def check_config(config) -> None:
+  """Raises ValueError("config.KEY=VALUE: what it must be") for the first bad value."""
+  for key in ("num_train_steps", "tokens_per_batch", "warmup_steps", "log_every_steps",
+              "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints",
+              "average_last_checkpoints", "beam_size", "decode_batch_size", "steps_per_call"):
+    _check(config[key] >= 1, key, config[key], "must be a positive integer")
+  _check(config.micro_batch_tokens_per_device >= 0, "micro_batch_tokens_per_device",
+         config.micro_batch_tokens_per_device, "must be 0 (no limit) or positive")
+  _check(config.learning_rate_scale > 0, "learning_rate_scale", config.learning_rate_scale,
+         "must be positive")
+  _check(0 <= config.label_smoothing < 1, "label_smoothing", config.label_smoothing,
+         "must be in [0, 1)")
+  _check(config.decode_extra_length >= 0, "decode_extra_length", config.decode_extra_length,
+         "must be >= 0")
+
+  model = config.model
+  for key in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers"):
+    _check(model[key] >= 1, f"model.{key}", model[key], "must be a positive integer")
+  for key in ("qk_dim", "v_dim"):
+    _check(model[key] >= 0, f"model.{key}", model[key], "must be 0 (d_model / num_heads) or "
+           "positive")
+    _check(model[key] or model.d_model % model.num_heads == 0, "model.d_model", model.d_model,
+           f"must be a multiple of model.num_heads={model.num_heads} while model.{key} is 0 "
+           f"(d_model / num_heads per head); or set model.{key}")
+  for key in ("dropout_rate", "attention_dropout_rate"):
+    _check(0 <= model[key] < 1, f"model.{key}", model[key], "must be in [0, 1)")
+  _check(model.positions in ("sinusoidal", "learned"), "model.positions", model.positions,
+         "must be 'sinusoidal' or 'learned'")
+  _check(model.positions != "sinusoidal" or model.d_model % 2 == 0, "model.d_model",
+         model.d_model, "must be even for sinusoidal positions (sin and cos pairs)")
+
+  dataset = config.dataset
+  _check(dataset.max_length >= 2, "dataset.max_length", dataset.max_length, "must be >= 2")
+  _check(1 <= dataset.bucket_min_length <= dataset.max_length, "dataset.bucket_min_length",
+         dataset.bucket_min_length, f"must be in [1, dataset.max_length={dataset.max_length}]")
+  _check(dataset.bucket_growth > 1, "dataset.bucket_growth", dataset.bucket_growth,
+         "must be > 1")
+  _check(dataset.bucket_quantum >= 1, "dataset.bucket_quantum", dataset.bucket_quantum,
+         "must be a positive integer")

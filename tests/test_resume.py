@@ -19,6 +19,9 @@ from configs import toy
 TOY_FLAGS = ["--config=configs/toy.py", "--config.num_train_steps=60",
              "--config.checkpoint_every_steps=20", "--config.log_every_steps=1",
              "--config.eval_every_steps=1000", "--config.dataset.toy_eval_examples=20",
+             # The paper's regularisation, so that resuming must reproduce dropout's masks
+             # (a function of seed and step) and the smoothed loss.
+             "--config.model.dropout_rate=0.1", "--config.label_smoothing=0.1",
              # Synchronous saves: a kill at step 30 then surely finds step 20 complete.
              "--config.checkpoint_asynchronously=false"]
 LOSS_LINE = re.compile(r"step (\d+)/60: loss ([0-9.]+)")
@@ -118,7 +121,8 @@ def test_half_written_newest_checkpoint_is_ignored(tmp_path):
   assert summary["step"] == 25
 
 
-def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_checkpoint(tmp_path):
+def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_checkpoint(
+    tmp_path, monkeypatch):
   config = toy.get_config()
   config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 10, 5, 1000
   config.dataset.toy_eval_examples = 10
@@ -129,9 +133,14 @@ def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_ch
   before = checkpoints.load_params(str(tmp_path), abstract, good)
   config.num_train_steps, config.log_every_steps, config.checkpoint_every_steps = 30, 1, 1
   config.max_consecutive_nonfinite_steps = 3
-  config.label_smoothing = math.nan  # every loss and gradient is now NaN
+  finite_loss = trainer.train_step.loss.label_smoothed_nll
+
+  def nan_loss(logits, targets, label_smoothing):  # every loss and gradient is now NaN
+    loss_sum, nll_sum, tokens = finite_loss(logits, targets, label_smoothing)
+    return loss_sum * math.nan, nll_sum, tokens
+  monkeypatch.setattr(trainer.train_step.loss, "label_smoothed_nll", nan_loss)
   with pytest.raises(trainer.NonFiniteTrainingError, match=r"step 13: 3 consecutive .* step 12"):
-    trainer.train_and_evaluate(config, str(tmp_path), force_resume=True)
+    trainer.train_and_evaluate(config, str(tmp_path))
   after = checkpoints.load_params(str(tmp_path), abstract, [12])
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
     np.testing.assert_array_equal(a, b)  # the skipped updates changed nothing, and saved no NaN

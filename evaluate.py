@@ -58,7 +58,7 @@ def score_existing_translation() -> None:
 
 
 def translate_and_score() -> None:
-  from aiayn_flax import run_dir, scoring
+  from aiayn_flax import provenance, run_dir, scoring
   from aiayn_flax.data import text_files
   from aiayn_flax.translator import Translator
   config = run_dir.load_config(FLAGS.workdir)
@@ -88,7 +88,8 @@ def translate_and_score() -> None:
   hypotheses = translator.translate(sources, progress_every=500)
   target_lang = FLAGS.target_lang or config.dataset.get("target_lang", "de")
   scores = scoring.score_translations(hypotheses, references, target_lang)
-  scores |= {"checkpoint_steps": steps, "beam_size": beam_size, "alpha": alpha}
+  scores |= {"checkpoint_steps": steps, "beam_size": beam_size, "alpha": alpha,
+             "versions": provenance.software_versions()}
   print(scoring.format_scores(scores))
   suffix = f"beam{beam_size}_avg{len(steps)}_step{steps[-1]}"
   write_outputs(FLAGS.output_dir or os.path.join(FLAGS.workdir, "eval"), f"{name}.{suffix}",

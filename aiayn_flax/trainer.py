@@ -11,7 +11,8 @@ import numpy as np
 from absl import logging
 from clu import metric_writers
 
-from aiayn_flax import checkpoints, config_checks, optimizer, scoring, sharding, train_step
+from aiayn_flax import (checkpoints, config_checks, optimizer, provenance, scoring, sharding,
+                        train_step)
 from aiayn_flax.data import bucketing, pipeline
 from aiayn_flax.translator import Translator
 
@@ -247,7 +248,8 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
 
   def save(step):
     checkpoints.save(mngr, step, state, {"position": position.__dict__,
-                                         "config": config_dict(config)})
+                                         "config": config_dict(config),
+                                         "versions": provenance.software_versions()})
 
   step = start_step = int(state.step)
   progress = Progress(step, config.num_train_steps)

@@ -1,4 +1,5 @@
 """Training that learns, checkpoints that restore, and the command-line tools on a toy run."""
+import json
 import os
 import subprocess
 import sys
@@ -102,6 +103,19 @@ def test_evaluate_without_a_testset_scores_the_runs_test_split(toy_run, tmp_path
   assert result.returncode == 0, result.stderr[-2000:]
   hypotheses = (tmp_path / "split_test.beam1_avg1_step1000.hyp").read_text().splitlines()
   assert len(hypotheses) == config.dataset.toy_eval_examples  # the toy's test split
+  scores = json.loads((tmp_path / "split_test.beam1_avg1_step1000.json").read_text())
+  assert scores["versions"]["jax"] == jax.__version__
+
+
+def test_checkpoints_record_the_software_versions(toy_run):
+  import flax
+  import orbax.checkpoint
+  _, workdir, _ = toy_run
+  mngr = checkpoints.manager(workdir, read_only=True)
+  versions = checkpoints.restore_meta(mngr, mngr.latest_step())["versions"]
+  mngr.close()
+  assert (versions["jax"], versions["flax"], versions["orbax-checkpoint"]) == (
+      jax.__version__, flax.__version__, orbax.checkpoint.__version__)
 
 
 def test_evaluate_names_both_files_when_line_counts_differ(shared_data):

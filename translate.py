@@ -1,12 +1,27 @@
-"""Translate sentences with a trained run: one output line per input line.
+"""Translate sentences with a trained run: exactly one output line per input line.
 
   echo "A man is riding a bike." | python translate.py --workdir=runs/multi30k
-  python translate.py --workdir=runs/multi30k --input=in.en --output=out.de --beam_size=4
+  python translate.py --workdir=runs/multi30k --input=in.en --output=out.de
+  python translate.py --workdir=runs/multi30k --input=in.en --nbest=4
 
-Reads stdin (interactive or piped) unless --input is given; an empty input line gives an
-empty output line, so line counts always match.
+Lines are split at "\\n" only (a "\\r" before it is dropped), from standard input and from
+--input alike, so any UTF-8 text keeps its line count: an empty or blank line gives an empty
+line, a last line without "\\n" is translated, other line or paragraph separators stay inside
+their line. Lines are translated as they arrive: an interactive user gets each line back at
+once, and a file or a pipe is decoded in full batches (--buffer_size lines sorted by length,
+--batch_size sentences or --max_tokens padded source tokens per decoding batch).
+
+The defaults are evaluate.py's: the run's beam size and alpha, the last
+config.average_last_checkpoints checkpoints averaged.
+
+--nbest=N prints the N best translations of each line (N <= beam size), N lines per input line:
+  LINE ||| TRANSLATION ||| SCORE
+LINE counts input lines from 0 (Moses' n-best format); SCORE is the beam's ranking score,
+log P(translation | source) / ((5 + length) / 6)^alpha, best first. An empty input line gives
+no n-best line.
 """
 import os
+import select
 import sys
 
 from absl import app, flags
@@ -16,15 +31,57 @@ flags.DEFINE_string("input", None, "Input file (default: standard input).")
 flags.DEFINE_string("output", None, "Output file (default: standard output).")
 flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's config; 1 is greedy).")
 flags.DEFINE_float("alpha", None, "Length penalty alpha (default: the run's config).")
-flags.DEFINE_integer("average_last", 1, "Average the last N checkpoints' parameters.")
-flags.DEFINE_integer("batch_size", None, "Sentences per decoding batch.")
+flags.DEFINE_integer("average_last", None, "Average the last N checkpoints' parameters "
+                     "(default: the run's config, as evaluate.py).")
+flags.DEFINE_integer("batch_size", None, "Most sentences per decoding batch (default: the run's "
+                     "config.decode_batch_size).")
+flags.DEFINE_integer("max_tokens", 0, "Most padded source tokens per decoding batch (0: only "
+                     "--batch_size limits it).")
+flags.DEFINE_integer("buffer_size", 1024, "Most input lines read before translating them.")
+flags.DEFINE_integer("nbest", None, "Print the N best translations with their scores.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
 
-def read_input() -> list[str]:
-  from aiayn_flax.data import text_files
-  return text_files.read_lines(FLAGS.input) if FLAGS.input else None
+def line_batches(stream, name: str, max_lines: int, waits_for_input: bool):
+  """Lists of the lines of a binary stream, decoded from UTF-8, split at b"\\n" with one
+  trailing b"\\r" removed. A list ends at max_lines or, when `waits_for_input` (a terminal or
+  a pipe), as soon as no more input is waiting, so that what was typed is translated now.
+  Invalid UTF-8 stops with an error naming the stream and the line."""
+  fd = stream.fileno() if waits_for_input else None
+  pending, lines, number = b"", [], 0
+
+  def decoded(raw: bytes) -> str:
+    raw = raw[:-1] if raw.endswith(b"\r") else raw
+    try:
+      return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{name}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+
+  while True:
+    if lines and (len(lines) >= max_lines
+                  or (fd is not None and not select.select([fd], [], [], 0)[0])):
+      yield lines[:max_lines]
+      lines = lines[max_lines:]
+      continue
+    chunk = os.read(fd, 1 << 16) if fd is not None else stream.read1(1 << 16)
+    if not chunk:
+      break
+    *complete, pending = (pending + chunk).split(b"\n")
+    for raw in complete:
+      number += 1
+      lines.append(decoded(raw))
+  if pending:  # a last line without "\n"
+    number += 1
+    lines.append(decoded(pending))
+  while lines:
+    yield lines[:max_lines]
+    lines = lines[max_lines:]
+
+
+def one_line(text: str) -> str:
+  """A translation as one output line, whatever characters the vocabulary can produce."""
+  return " ".join(text.splitlines()) if "\n" in text or "\r" in text else text
 
 
 def main(argv):
@@ -35,28 +92,37 @@ def main(argv):
     from aiayn_flax import run_dir
     from aiayn_flax.translator import Translator
     config = run_dir.load_config(FLAGS.workdir)
-    model, params, _ = run_dir.load_model_and_params(FLAGS.workdir, config, FLAGS.average_last)
+    average_last = FLAGS.average_last or config.average_last_checkpoints
+    model, params, _ = run_dir.load_model_and_params(FLAGS.workdir, config, average_last)
     vocab = run_dir.load_vocabulary(FLAGS.workdir, config)
     translator = Translator(
         model, params, vocab, beam_size=FLAGS.beam_size or config.beam_size,
         alpha=config.length_penalty_alpha if FLAGS.alpha is None else FLAGS.alpha,
         extra_length=config.decode_extra_length,
-        batch_size=FLAGS.batch_size or config.decode_batch_size,
-        max_positions=config.model.max_positions if config.model.positions == "learned" else None)
-    lines = read_input()
+        batch_size=FLAGS.batch_size or config.decode_batch_size, max_tokens=FLAGS.max_tokens,
+        max_positions=config.model.max_positions if config.model.positions == "learned" else None,
+        num_results=FLAGS.nbest)
+    source = open(FLAGS.input, "rb") if FLAGS.input else sys.stdin.buffer
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"translate.py: error: {e}")
+  name = FLAGS.input or "<stdin>"
   out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
-  if lines is not None:
-    out.writelines(t + "\n" for t in translator.translate(lines))
-  elif sys.stdin.isatty():  # interactive: translate each line as it is typed
-    for line in sys.stdin:
-      out.write(translator.translate([line.rstrip("\n")])[0] + "\n")
+  first_line = 0
+  try:
+    for lines in line_batches(source, name, FLAGS.buffer_size, waits_for_input=not FLAGS.input):
+      if FLAGS.nbest:
+        for offset, nbest in enumerate(translator.translate_nbest(lines)):
+          out.writelines(f"{first_line + offset} ||| {one_line(text)} ||| {score:.4f}\n"
+                         for text, score in nbest)
+      else:
+        out.writelines(one_line(text) + "\n" for text in translator.translate(lines))
       out.flush()
-  else:
-    out.writelines(t + "\n" for t in translator.translate(sys.stdin.read().splitlines()))
-  if out is not sys.stdout:
-    out.close()
+      first_line += len(lines)
+  except ValueError as e:
+    sys.exit(f"translate.py: error: {e}")
+  finally:
+    if out is not sys.stdout:
+      out.close()
 
 
 if __name__ == "__main__":

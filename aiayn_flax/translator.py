@@ -20,8 +20,10 @@ LENGTH_QUANTUM = 16
 
 
 def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
-                   extra_length: int):
-  """jit-compiled (params, inputs [B, S]) -> tokens [B, S + extra_length], best hypothesis."""
+                   extra_length: int, num_results: int | None = None):
+  """jit-compiled (params, inputs [B, S]) -> tokens [B, S + extra_length], best hypothesis;
+  with `num_results` = n: (tokens [B, n, S + extra_length], scores [B, n]), the n best of a
+  beam search (of width beam_size; width 1 is greedy search, and scores it)."""
 
   @jax.jit
   def decode(params, inputs):
@@ -52,14 +54,14 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
           method=model_lib.Transformer.decode, mutable=["cache"])
       return logits[:, 0], _split_cache(updated["cache"])[0]
 
-    if beam_size == 1:
+    if beam_size == 1 and num_results is None:
       return decoding.greedy_decode(tokens_to_logits, step_cache, max_lengths, max_decode_len,
                                     model_lib.BOS_ID, vocabulary.EOS_ID, cache_stages=stages)
-    sequences, _ = decoding.beam_search(tokens_to_logits, step_cache, max_lengths, max_decode_len,
-                                        model_lib.BOS_ID, vocabulary.EOS_ID, beam_size, alpha,
-                                        reorder_cache=model_lib.reorder_decode_cache,
-                                        num_results=1, cache_stages=stages)
-    return sequences[:, 0]
+    sequences, scores = decoding.beam_search(
+        tokens_to_logits, step_cache, max_lengths, max_decode_len, model_lib.BOS_ID,
+        vocabulary.EOS_ID, beam_size, alpha, reorder_cache=model_lib.reorder_decode_cache,
+        num_results=num_results or 1, cache_stages=stages)
+    return sequences[:, 0] if num_results is None else (sequences, scores)
 
   return decode
 
@@ -82,19 +84,54 @@ def _split_cache(cache):
   return traverse_util.unflatten_dict(updated), fixed
 
 
+def batch_rows(count: int, length: int, batch_size: int, max_tokens: int = 0) -> int:
+  """Rows of a decoding batch of `count` sentences padded to `length`: the next power of two
+  (a handful of compiled shapes, and a line typed alone is not padded to a full batch), at most
+  batch_size, and at most max_tokens // length when a token budget is set."""
+  limit = max(1, min(batch_size, max_tokens // length)) if max_tokens else batch_size
+  return min(1 << max(count - 1, 0).bit_length(), limit)
+
+
 class Translator:
-  """Translates lists of sentences; one compiled function per padded source length."""
+  """Translates lists of sentences; one compiled function per padded batch shape.
+
+  Batches hold at most `batch_size` sentences and, with `max_tokens`, at most that many padded
+  source tokens. `num_results` = n makes `translate_nbest` available (the n best of the beam,
+  with their scores) instead of `translate`.
+  """
 
   def __init__(self, model, params, vocab, *, beam_size: int = 1, alpha: float = 0.6,
-               extra_length: int = 50, batch_size: int = 64, max_positions: int | None = None):
+               extra_length: int = 50, batch_size: int = 64, max_positions: int | None = None,
+               max_tokens: int = 0, num_results: int | None = None):
+    if num_results is not None and not 1 <= num_results <= beam_size:
+      raise ValueError(f"--nbest={num_results}: must lie in [1, beam size {beam_size}]")
     self.params, self.vocab = params, vocab
-    self.batch_size = batch_size
+    self.batch_size, self.max_tokens = batch_size, max_tokens
     self.max_positions = max_positions
-    self._decode = make_decode_fn(model, beam_size, alpha, extra_length)
+    self.num_results = num_results
+    self._decode = make_decode_fn(model, beam_size, alpha, extra_length, num_results)
     self.extra_length = extra_length
 
   def translate(self, sentences: list[str], progress_every: int = 0) -> list[str]:
     """Translations in input order, one per sentence (empty in, empty out)."""
+    if self.num_results is not None:
+      return [nbest[0][0] if nbest else "" for nbest in self.translate_nbest(sentences)]
+    return self._translate(sentences, progress_every, lambda row, tokens: self.vocab.decode(
+        tokens[row]), "")
+
+  def translate_nbest(self, sentences: list[str]) -> list[list[tuple[str, float]]]:
+    """For each sentence, its `num_results` best translations with their beam scores
+    (log-probability / GNMT length penalty), best first; [] for an empty sentence."""
+    if self.num_results is None:
+      raise ValueError("translate_nbest needs a Translator made with num_results")
+
+    def nbest(row, decoded):
+      tokens, scores = decoded
+      return [(self.vocab.decode(tokens[row, i]), float(scores[row, i]))
+              for i in range(tokens.shape[1]) if np.isfinite(scores[row, i])]
+    return self._translate(sentences, 0, nbest, [])
+
+  def _translate(self, sentences, progress_every, result_of_row, empty_result):
     encoded = self.vocab.encode_batch([s.strip() for s in sentences])
     source_ids = [ids + [vocabulary.EOS_ID] if ids else [] for ids in encoded]
     if self.max_positions:
@@ -103,18 +140,23 @@ class Translator:
         raise ValueError(f"{too_long} sentences are too long for the model's {self.max_positions} "
                          "learned positions (input + decode_extra_length)")
     order = sorted((i for i, ids in enumerate(source_ids) if ids), key=lambda i: len(source_ids[i]))
-    outputs = [""] * len(sentences)
+    outputs = [empty_result] * len(sentences)
     start_time, done = time.time(), 0
-    for start in range(0, len(order), self.batch_size):
-      chunk = order[start:start + self.batch_size]
-      longest = len(source_ids[chunk[-1]])
-      length = -(-longest // LENGTH_QUANTUM) * LENGTH_QUANTUM
-      inputs = np.zeros((self.batch_size, length), np.int32)  # fixed batch: one compile per length
+    while done < len(order):
+      # The batch's rows follow its longest sentence, which the rows themselves decide; the
+      # longest of a full batch is a safe (larger) guess, then the batch is cut to fit.
+      guess = order[done:done + self.batch_size]
+      length = _padded_length(len(source_ids[guess[-1]]))
+      rows = batch_rows(len(guess), length, self.batch_size, self.max_tokens)
+      chunk = order[done:done + rows]
+      length = _padded_length(len(source_ids[chunk[-1]]))
+      rows = batch_rows(len(chunk), length, self.batch_size, self.max_tokens)
+      inputs = np.zeros((rows, length), np.int32)
       for row, i in enumerate(chunk):
         inputs[row, :len(source_ids[i])] = source_ids[i]
-      tokens = np.asarray(self._decode(self.params, inputs))
+      decoded = jax.tree.map(np.asarray, self._decode(self.params, inputs))
       for row, i in enumerate(chunk):
-        outputs[i] = self.vocab.decode(tokens[row])
+        outputs[i] = result_of_row(row, decoded)
       done += len(chunk)
       if progress_every and (done // progress_every > (done - len(chunk)) // progress_every
                              or done == len(order)):
@@ -123,3 +165,7 @@ class Translator:
                      done / elapsed, (len(order) - done) * elapsed / done)
     return outputs
 
+
+def _padded_length(length: int) -> int:
+  """Sources are padded to multiples of LENGTH_QUANTUM: few compiled lengths."""
+  return -(-length // LENGTH_QUANTUM) * LENGTH_QUANTUM

@@ -43,4 +43,4 @@ def test_quickstart_in_a_fresh_clone_offline_ends_with_one_line_that_says_what_t
       "(ProxyError); offline, set AIAYN_DATA_DIR to a folder holding multi30k/ with the task 1 "
       "raw files (train.en.gz, train.de.gz, val.en.gz, ...)"), result.stderr[-3000:]
   # It stopped at training: the two evaluations never ran.
-  assert result.stdout.splitlines()[-1].startswith(f"{venv}/bin/python train.py "), result.stdout
+  assert "evaluate.py" not in result.stdout, result.stdout

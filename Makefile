@@ -1,16 +1,25 @@
 # Every target creates .venv and installs the project first, so a fresh clone needs only Python 3.11.
+# The install takes the exact versions tested from requirements.lock (README, "Install").
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 PY := $(VENV)/bin/python
+LOCK := requirements.lock
 WORKDIR ?= runs/multi30k
-export AIAYN_DATA_DIR ?= $(abspath ../shared/data)
+
+# Real data: AIAYN_DATA_DIR when the user sets it, else ../shared/data when that folder is
+# beside the clone (our CI); otherwise the code downloads Multi30k.
+ifeq ($(origin AIAYN_DATA_DIR),undefined)
+  ifneq ($(wildcard ../shared/data/.),)
+    export AIAYN_DATA_DIR := $(abspath ../shared/data)
+  endif
+endif
 
 .PHONY: venv quickstart test clean
 
-$(VENV)/installed: pyproject.toml
+$(VENV)/installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' -c $(LOCK)
 	touch $@
 
 venv: $(VENV)/installed

@@ -1,7 +1,12 @@
 """The Colab notebook runs headless from top to bottom with tiny parameters, overridden as
-papermill does: a cell inserted after the one tagged `parameters`."""
+papermill does: a cell inserted after the one tagged `parameters`. Its install decision (first
+cell) is checked for each runtime without running pip."""
+import pathlib
+import stat
+
 import nbclient
 import nbformat
+import pytest
 
 from conftest import REPO
 
@@ -22,8 +27,86 @@ def test_notebook_is_stored_without_outputs():
     if cell.cell_type == "code":
       assert not cell.outputs and cell.execution_count is None, cell.source[:80]
   parameters = notebook.cells[parameters_cell_index(notebook)].source
-  for name in ("NUM_STEPS", "CONFIG", "DATA_DIR", "WORKDIR", "INSTALL"):
+  for name in ("NUM_STEPS", "CONFIG", "DATA_DIR", "WORKDIR", "INSTALL", "BEAM_SIZE"):
     assert f"\n{name} = " in f"\n{parameters}", name
+
+
+def first_cell_namespace() -> dict:
+  """The names the notebook's first cell defines (the REPO form field and the install decision)."""
+  notebook = nbformat.read(NOTEBOOK, as_version=4)
+  first = next(cell for cell in notebook.cells if cell.cell_type == "code")
+  assert '\nREPO = "https://github.com/' in first.source and '# @param {type:"string"}' in \
+      first.source, first.source[:200]
+  namespace = {}
+  exec(compile(first.source, "first cell", "exec"), namespace)  # pylint: disable=exec-used
+  return namespace
+
+
+PY = "/usr/bin/python3"
+URL = "https://example.org/aiayn_flax.git"
+
+
+@pytest.mark.parametrize("runtime, extra", [("tpu", "[tpu]"), ("gpu", "[cuda12]"), ("cpu", "")])
+def test_install_in_a_checkout_takes_the_runtimes_extra_with_the_lock(runtime, extra):
+  install_commands = first_cell_namespace()["install_commands"]
+  checkout = pathlib.Path("/src/aiayn_flax")
+  assert install_commands(runtime, checkout, URL, PY, tensorflow_installed=False) == (checkout, [
+      [PY, "-m", "pip", "install", "-q", "-e", f"/src/aiayn_flax{extra}",
+       "-c", "/src/aiayn_flax/requirements.lock"]])
+
+
+@pytest.mark.parametrize("runtime, extra", [("tpu", "[tpu]"), ("gpu", "[cuda12]"), ("cpu", "")])
+def test_install_outside_a_checkout_clones_and_replaces_colabs_tensorflow(runtime, extra,
+                                                                          tmp_path, monkeypatch):
+  install_commands = first_cell_namespace()["install_commands"]
+  monkeypatch.chdir(tmp_path)
+  clone = tmp_path / "aiayn_flax"
+  assert install_commands(runtime, None, URL, PY, tensorflow_installed=True) == (clone, [
+      ["git", "clone", "--depth=1", URL, f"{clone}"],
+      [PY, "-m", "pip", "uninstall", "-q", "-y", "tensorflow"],
+      [PY, "-m", "pip", "install", "-q", "-e", f"{clone}{extra}",
+       "-c", f"{clone}/requirements.lock"]])
+
+
+@pytest.mark.parametrize("runtime, accelerator, target", [
+    ("tpu", "", "tpu-v5e-1"), ("tpu", "v5litepod-1", "tpu-v5e-1"), ("tpu", "v6e-1", None),
+    ("gpu", "Tesla T4", "gpu-t4x1"), ("gpu", "NVIDIA L4", "gpu-l4x1"),
+    ("gpu", "NVIDIA A100-SXM4-40GB", "gpu-a100x1"), ("gpu", "NVIDIA H100 80GB HBM3", "gpu-h100x1"),
+    ("gpu", "NVIDIA L40S", None), ("cpu", "", None)])
+def test_dry_run_target_for_each_runtime(runtime, accelerator, target):
+  assert first_cell_namespace()["dry_run_target"](runtime, accelerator) == target
+
+
+class NoAccelDevices:
+  """glob as on a machine without /dev/accel* or /dev/vfio/N."""
+
+  @staticmethod
+  def glob(pattern):
+    del pattern
+    return []
+
+
+def test_detect_runtime_reads_tpu_variables_and_nvidia_smi(tmp_path, monkeypatch):
+  namespace = first_cell_namespace()
+  namespace["glob"] = NoAccelDevices
+  detect_runtime = namespace["detect_runtime"]
+  for name in ("TPU_ACCELERATOR_TYPE", "COLAB_TPU_ADDR"):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+  assert detect_runtime() == ("cpu", "")
+  nvidia_smi = tmp_path / "nvidia-smi"
+  nvidia_smi.write_text("#!/bin/sh\n[ \"$*\" = '--query-gpu=name --format=csv,noheader' ] && "
+                        "printf 'Tesla T4\\nTesla T4\\n'\n")
+  nvidia_smi.chmod(nvidia_smi.stat().st_mode | stat.S_IEXEC)
+  assert detect_runtime() == ("gpu", "Tesla T4")
+  monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+  assert detect_runtime() == ("tpu", "v5litepod-1")
+
+
+def test_find_checkout_from_the_notebooks_folder(tmp_path):
+  find_checkout = first_cell_namespace()["find_checkout"]
+  assert find_checkout(NOTEBOOK.parent) == REPO
+  assert find_checkout(tmp_path) is None
 
 
 def test_notebook_trains_translates_draws_and_scores(shared_data, tmp_path, monkeypatch):

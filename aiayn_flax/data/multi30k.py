@@ -7,6 +7,7 @@ Every line is kept and examples stay in file order, so test sets can be scored l
 import os
 
 from absl import logging
+import requests
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -72,6 +73,24 @@ def split_urls(split: str) -> dict[str, str]:
   return {lang: _URL_TEMPLATE.format(stem=stem, lang=lang) for lang in LANGUAGES}
 
 
+def check_download_reachable(url: str, timeout_s: float = 20.0) -> None:
+  """One request to `url`, or a FileNotFoundError in one line that says what to do.
+
+  tfds' downloader retries a refused connection ten times with backoff (minutes); an offline
+  user should hear at once where the data comes from and how to do without the network.
+  """
+  try:
+    requests.head(url, timeout=timeout_s, allow_redirects=True).raise_for_status()
+  except requests.RequestException as e:
+    reason = type(e).__name__
+    if isinstance(e, requests.HTTPError):
+      reason = f"HTTP {e.response.status_code}"
+    raise FileNotFoundError(
+        f"could not download Multi30k from {url} ({reason}); offline, set AIAYN_DATA_DIR to a "
+        "folder holding multi30k/ with the task 1 raw files (train.en.gz, train.de.gz, "
+        "val.en.gz, ...)") from e
+
+
 class Multi30k(tfds.core.GeneratorBasedBuilder):
   """Multi30k task 1: image descriptions in English with German translations."""
 
@@ -91,6 +110,8 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
+    if not all(local_split_paths(split) for split in SPLIT_STEMS):
+      check_download_reachable(split_urls("train")["en"])
     return {
         split: self._generate_examples(*self._split_paths(split, dl_manager))
         for split in SPLIT_STEMS
@@ -106,9 +127,9 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
       downloaded = dl_manager.download(urls)
     except Exception as e:  # noqa: BLE001 - offline, proxy, HTTP error: one line that says what to do
       raise FileNotFoundError(
-          f"could not download Multi30k {split} from {urls['en']} ({type(e).__name__}); when "
-          "offline, set AIAYN_DATA_DIR to a folder holding multi30k/ (laid out like "
-          "../shared/data)") from e
+          f"could not download Multi30k {split} from {urls['en']} ({type(e).__name__}); "
+          "offline, set AIAYN_DATA_DIR to a folder holding multi30k/ with the task 1 raw files "
+          "(train.en.gz, train.de.gz, val.en.gz, ...)") from e
     return tuple(os.fspath(downloaded[lang]) for lang in LANGUAGES)
 
   def _generate_examples(self, en_path: str, de_path: str):

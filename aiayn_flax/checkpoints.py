@@ -1,11 +1,16 @@
 """Orbax checkpoints of everything a resume needs, and checkpoint averaging (section 6.1)."""
+import functools
 import os
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 
 CHECKPOINT_DIR = "checkpoints"
+# Where training moves a checkpoint it cannot read (never deleted), so that the run can save
+# that step again when it gets there.
+UNREADABLE_DIR = "unreadable_checkpoints"
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -45,8 +50,44 @@ def abstract_of(tree):
   return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
-def load_params(workdir: str, abstract_params, steps: list[int] | None = None):
-  """Parameters of the given steps' checkpoints (default: the latest), averaged element-wise.
+def newest_readable(mngr: ocp.CheckpointManager, read, limit: int = 1) -> list[tuple]:
+  """[(step, read(step)), ...] for the newest `limit` checkpoints that can be read, newest
+  first. A checkpoint that cannot be read (bit rot, a truncated or missing file) is skipped
+  with a warning naming it, and left where it is. [] when there is no checkpoint; a ValueError
+  in one line when there are some but too few can be read."""
+  found, unreadable = [], []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    if len(found) == limit:
+      break
+    try:
+      found.append((step, read(step)))
+    except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions here
+      reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+      unreadable.append(f"{step} ({reason})")
+      logging.warning("checkpoint %s/%d cannot be read (%s); skipped (not deleted)",
+                      mngr.directory, step, reason)
+  if unreadable and len(found) < limit:
+    raise ValueError(f"{mngr.directory}: {len(found)} readable checkpoints where {limit} are "
+                     f"needed; cannot read step {'; step '.join(unreadable)}")
+  return found
+
+
+def set_aside(mngr: ocp.CheckpointManager, workdir: str, steps: list[int]) -> None:
+  """Moves the given steps' checkpoints to workdir/unreadable_checkpoints/ (kept for
+  inspection), so that training can write those steps again."""
+  aside = os.path.join(os.path.abspath(workdir), UNREADABLE_DIR)
+  os.makedirs(aside, exist_ok=True)
+  for step in steps:
+    os.replace(os.path.join(str(mngr.directory), str(step)), os.path.join(aside, str(step)))
+    logging.warning("moved the unreadable checkpoint of step %d to %s", step, aside)
+  mngr.reload()
+
+
+def load_params(workdir: str, abstract_params, steps: list[int] | None = None,
+                newest: int = 0):
+  """Parameters of the given steps' checkpoints (default: the latest), averaged element-wise;
+  or, with `newest` = n, of the newest n checkpoints that can be read (an unreadable one is
+  skipped with a warning). Returns (params, steps) with `newest`, else params.
 
   `abstract_params` gives the parameter tree's structure, shapes and shardings.
   """
@@ -55,22 +96,30 @@ def load_params(workdir: str, abstract_params, steps: list[int] | None = None):
   if not available:
     raise FileNotFoundError(f"{checkpoint_dir(workdir)}: no checkpoint; train first "
                             f"(python train.py --workdir={workdir})")
-  steps = steps or [max(available)]
-  missing = sorted(set(steps) - set(available))
-  if missing:
-    raise ValueError(f"{checkpoint_dir(workdir)}: no checkpoint for steps {missing} "
-                     f"(available: {sorted(available)})")
-  total = None
-  for step in steps:
+
+  def read(step):
     restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item={"params": abstract_params},
         restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
                                   {"params": abstract_params}),
         partial_restore=True)))
-    params = restored.state["params"]
-    total = params if total is None else jax.tree.map(np.add, total, params)
-  mngr.close()
-  return jax.tree.map(lambda x: (x / len(steps)).astype(np.float32), total)
+    return restored.state["params"]
+
+  try:
+    if newest:
+      steps, each = zip(*reversed(newest_readable(mngr, read, newest)))
+    else:
+      steps = steps or [max(available)]
+      missing = sorted(set(steps) - set(available))
+      if missing:
+        raise ValueError(f"{checkpoint_dir(workdir)}: no checkpoint for steps {missing} "
+                         f"(available: {sorted(available)})")
+      each = [read(step) for step in steps]
+  finally:
+    mngr.close()
+  total = functools.reduce(lambda a, b: jax.tree.map(np.add, a, b), each)
+  params = jax.tree.map(lambda x: (x / len(steps)).astype(np.float32), total)
+  return (params, list(steps)) if newest else params
 
 
 def last_steps(workdir: str, n: int) -> list[int]:

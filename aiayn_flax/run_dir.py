@@ -15,24 +15,26 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"--workdir={workdir}: no such directory")
   mngr = checkpoints.manager(workdir, read_only=True)
-  step = mngr.latest_step()
-  if step is None:
+  try:
+    newest = checkpoints.newest_readable(mngr, lambda step: checkpoints.restore_meta(mngr, step))
+  finally:
+    mngr.close()
+  if not newest:
     raise FileNotFoundError(f"{checkpoints.checkpoint_dir(workdir)}: no checkpoint; train first "
                             f"(python train.py --config=... --workdir={workdir})")
-  meta = checkpoints.restore_meta(mngr, step)
-  mngr.close()
-  return ml_collections.ConfigDict(meta["config"])
+  return ml_collections.ConfigDict(newest[0][1]["config"])
 
 
 def load_model_and_params(workdir: str, config, average_last: int = 1):
-  """(model, params): parameters averaged over the last `average_last` checkpoints (6.1)."""
+  """(model, params, steps): parameters averaged over the newest `average_last` checkpoints
+  that can be read (6.1); an unreadable one is skipped with a warning naming it."""
   model = train_step.make_model(config)
   abstract = jax.eval_shape(lambda: train_step.init_params(model, 0))
   steps = checkpoints.last_steps(workdir, average_last)
   if len(steps) < average_last:
     raise ValueError(f"{checkpoints.checkpoint_dir(workdir)} holds {len(steps)} checkpoints, "
                      f"fewer than --average_last={average_last}")
-  params = checkpoints.load_params(workdir, abstract, steps)
+  params, steps = checkpoints.load_params(workdir, abstract, newest=average_last)
   return model, jax.tree.map(jnp.asarray, params), steps
 
 

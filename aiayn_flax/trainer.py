@@ -156,20 +156,24 @@ def evaluate_translations(translator, params, sources, references) -> dict:
           "exact_match": exact}
 
 
-def restore_or_init(config, mngr, state, force_resume: bool):
-  """(state, data position): from the latest checkpoint when there is one."""
-  step = mngr.latest_step()
-  if step is None:
+def restore_or_init(config, workdir, mngr, state, force_resume: bool):
+  """(state, data position): from the newest checkpoint that can be read, when there is one.
+  Newer ones that cannot be read are moved to workdir/unreadable_checkpoints/ (never deleted),
+  with a warning naming them, so that the run can save those steps again."""
+  newest_meta = checkpoints.newest_readable(mngr, lambda step: checkpoints.restore_meta(mngr, step))
+  if not newest_meta:
     return state, bucketing.BatchPosition()
-  saved = checkpoints.restore_meta(mngr, step)["config"]
-  conflicts = resume_conflicts(saved, config_dict(config))
+  conflicts = resume_conflicts(newest_meta[0][1]["config"], config_dict(config))
   if conflicts and not force_resume:
     raise ValueError(f"{mngr.directory} was trained with "
                      f"another config ({'; '.join(conflicts)}); use a fresh --workdir, or "
                      "--force_resume to continue anyway")
-  state, meta = checkpoints.restore(mngr, step, checkpoints.abstract_of(state))
+  abstract = checkpoints.abstract_of(state)
+  [(step, (restored, meta))] = checkpoints.newest_readable(
+      mngr, lambda step: checkpoints.restore(mngr, step, abstract))
+  checkpoints.set_aside(mngr, workdir, [s for s in mngr.all_steps() if s > step])
   logging.info("Resumed from step %d of %s", step, mngr.directory)
-  return state, bucketing.BatchPosition(**meta["position"])
+  return restored, bucketing.BatchPosition(**meta["position"])
 
 
 def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict:
@@ -209,7 +213,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   state_sharding = sharding.train_state_shardings(
       mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model), config.fsdp)
   state = jax.jit(new_state, out_shardings=state_sharding)()
-  state, position = restore_or_init(config, mngr, state, force_resume)
+  state, position = restore_or_init(config, workdir, mngr, state, force_resume)
 
   schedule = optimizer.learning_rate_schedule(config)
   step_fn = jax.jit(

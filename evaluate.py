@@ -99,7 +99,8 @@ def translate_and_score() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
+  keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   if not (FLAGS.hyp_file or FLAGS.workdir):
     raise app.UsageError("give --workdir (to translate and score) or --hyp_file and --ref_file")
   try:

@@ -83,13 +83,18 @@ class Progress:
 
 class StopSignals:
   """SIGTERM/SIGINT (preemption, Ctrl-C) ask the loop to checkpoint and stop; a second signal
-  stops the process at once."""
+  stops the process at once.
 
-  def __init__(self):
-    self.requested = None
+  With several processes, SIGTERM is left to JAX's preemption sync service, which
+  `jax.distributed.initialize()` starts and which catches SIGTERM itself: every process must
+  stop at the same step, or the collective checkpoint would wait forever for the others, and
+  the service names that step (`should_stop`)."""
+
+  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+    self.requested, self._signals = None, signals
 
   def __enter__(self):
-    self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    self._previous = {s: signal.signal(s, self._handle) for s in self._signals}
     return self
 
   def __exit__(self, *exc):
@@ -103,6 +108,21 @@ class StopSignals:
     self.requested = signal.Signals(signum).name
     logging.warning("%s received: checkpointing at the current step, then stopping "
                     "(send it again to stop at once)", self.requested)
+
+
+def stop_signals() -> StopSignals:
+  """The signals this process handles itself: SIGTERM only when it is alone."""
+  alone = jax.process_count() == 1
+  return StopSignals((signal.SIGTERM, signal.SIGINT) if alone else (signal.SIGINT,))
+
+
+def should_stop(step: int, signals: StopSignals, mngr) -> str | None:
+  """The name of the signal to stop for after `step` (checkpoint, then exit), or None. Alone,
+  a signal this process caught; with several processes, SIGTERM once JAX's preemption sync
+  point is reached (orbax's reached_preemption: the same step on every process)."""
+  if jax.process_count() > 1 and mngr.reached_preemption(step):
+    return "SIGTERM"
+  return signals.requested
 
 
 class RunsOfOneShape:
@@ -200,7 +220,9 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
                micro_config.tokens_per_batch)
   train_batches = pipeline.batches_for_split(micro_config, vocab, config.dataset.train_split,
                                              data_shards, shuffle=True, group=steps_per_call)
-  eval_batches = pipeline.batches_for_split(config, vocab, config.dataset.eval_split,
+  # Evaluation batches hold no more than training's micro-batches: a run whose device fits
+  # only a micro-batch must not run out of memory at its first evaluation.
+  eval_batches = pipeline.batches_for_split(micro_config, vocab, config.dataset.eval_split,
                                             data_shards, shuffle=False)
   logging.info("training batches pad %.1f%% of their positions",
                100 * train_batches.padding_fraction())
@@ -260,7 +282,8 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   sums, summary = None, {}
   batches = train_batches.iterate(position)
   runs = RunsOfOneShape(batches)
-  with StopSignals() as signals:
+  stopped_by = None
+  with stop_signals() as signals:
     while step < config.num_train_steps:
       if steps_per_call > 1:  # up to steps_per_call steps of one shape, stopping at events
         run = runs.take(min(steps_per_call, steps_to_next_event(step, config)))
@@ -302,12 +325,13 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
               f"non-finite loss or gradient (none was applied); the last good checkpoint is step "
               f"{mngr.latest_step()} in {mngr.directory}")
 
-      if step % config.checkpoint_every_steps == 0 or last or signals.requested:
+      stopped_by = should_stop(step, signals, mngr)
+      if step % config.checkpoint_every_steps == 0 or last or stopped_by:
         save(step)
-      if signals.requested:
+      if stopped_by:
         mngr.wait_until_finished()
         logging.warning("%s: saved a checkpoint at step %d in %s; run the same command to "
-                        "continue", signals.requested, step, mngr.directory)
+                        "continue", stopped_by, step, mngr.directory)
         break
 
       if step % config.eval_every_steps == 0 or last:
@@ -324,7 +348,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   mngr.wait_until_finished()
   mngr.close()
   writer.flush()
-  return summary | {"start_step": start_step, "step": step,
+  return summary | {"start_step": start_step, "step": step, "stopped_by": stopped_by,
                     "params_digest": params_digest(state.params)}
 
 

@@ -2,9 +2,20 @@
 
 Any config field can be overridden: --config.num_train_steps=1000 --config.mesh=data:4,model:2.
 --dry_run prints the plan (parameters, batch, mesh, FLOPs) without building the model.
+
+At start it prints the backend and the devices. A paper-scale config (config.needs_accelerator:
+configs/base.py, big.py, big_enfr.py) is refused on the CPU backend unless --config.device=cpu
+is given: on a TPU VM or a GPU host that means jax for the CPU was installed, not the
+accelerator's extra.
+
+Exit status: 0 when training reached num_train_steps; 128 + the signal's number when SIGTERM
+(143) or SIGINT (130) stopped it after saving a checkpoint at the current step (run the same
+command to continue: schedulers can requeue on 143 as on a preemption); 1 with one line on
+stderr for bad input or a training that diverged.
 """
 import os
 import re
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -23,7 +34,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
+  keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   from aiayn_flax import dry_run, sharding, trainer  # after flag parsing: keeps --help fast
   config = FLAGS.config
   if FLAGS.dry_run:
@@ -32,12 +44,33 @@ def main(argv):
   sharding.initialize_distributed()  # a multi-host slice: join the other processes first
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required to train")
+  refusal = check_backend(config)
+  if refusal:
+    sys.exit(f"train.py: error: {refusal}")
   try:
     summary = trainer.train_and_evaluate(config, FLAGS.workdir, FLAGS.force_resume)
   except (FileNotFoundError, ValueError, trainer.NonFiniteTrainingError) as e:
     sys.exit(f"train.py: error: {e}")
+  if summary["stopped_by"]:
+    print(f"stopped by {summary['stopped_by']} at step {summary['step']} (checkpoint saved); "
+          "run the same command to continue", file=sys.stderr)
+    sys.exit(128 + signal.Signals[summary["stopped_by"]].value)
   logging.info("finished at step %d: %s", summary["step"], summary)
   print(f"params_digest: {summary['params_digest']}")
+
+
+def check_backend(config) -> str | None:
+  """Prints the backend and devices; returns why the run must not start on them, or None."""
+  import jax
+  devices = jax.devices()
+  print(f"backend: {jax.default_backend()}; {len(devices)} x {devices[0].device_kind} "
+        f"over {jax.process_count()} process(es)", flush=True)
+  if (jax.default_backend() == "cpu" and config.needs_accelerator
+      and config.get("device", "") != "cpu"):
+    return (f"{config.name} is a paper-scale run and jax sees only the CPU: on a TPU VM "
+            "pip install -e '.[tpu]' -c requirements.lock, on an NVIDIA GPU host pip install -e "
+            "'.[cuda12]' -c requirements.lock; to train on the CPU anyway add --config.device=cpu")
+  return None
 
 
 def parse_flags(argv: list[str]) -> list[str]:

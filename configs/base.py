@@ -93,6 +93,9 @@ def get_config(row: str = ""):
   c.tokens_per_batch = 25000
   c.num_train_steps = 100_000  # 12 hours on 8 P100 (5.2)
 
+  # The paper's scale: train.py refuses to train it on the CPU backend (a TPU VM or GPU host
+  # with CPU-only jax) unless --config.device=cpu says that is intended.
+  c.needs_accelerator = True
   c.seed = 0
   c.max_consecutive_nonfinite_steps = 20  # skipped NaN/Inf updates in a row before stopping
   c.log_every_steps = 100

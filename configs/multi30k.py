@@ -13,6 +13,7 @@ from configs import base
 def get_config():
   c = base.get_config()
   c.name = "multi30k"
+  c.needs_accelerator = False  # made for a laptop CPU
   c.dataset.update(
       name="multi30k",
       eval_split="validation",

@@ -9,6 +9,7 @@ from configs import base
 def get_config():
   c = base.get_config()
   c.name = "toy"
+  c.needs_accelerator = False  # made for a laptop CPU
   c.dataset.update(
       name="toy_reverse",
       max_length=12,  # symbols per sequence are drawn from [min_symbols, max_length - 1]

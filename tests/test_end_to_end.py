@@ -199,3 +199,24 @@ def test_translation_is_the_same_alone_and_inside_a_batch(toy_run):
     alone = translator.translate([sentence])[0]
     assert translator.translate(others + [sentence])[-1] == alone
     assert alone == "7 11 6 15 9 4"
+
+
+def test_a_paper_scale_config_is_refused_on_the_cpu_in_one_line(tmp_path):
+  result = run_script("train.py", "--config=configs/base.py", f"--workdir={tmp_path / 'run'}")
+  assert result.returncode == 1
+  assert "backend: cpu; " in result.stdout
+  assert result.stderr.strip().splitlines()[-1] == (
+      "train.py: error: base is a paper-scale run and jax sees only the CPU: on a TPU VM pip "
+      "install -e '.[tpu]' -c requirements.lock, on an NVIDIA GPU host pip install -e "
+      "'.[cuda12]' -c requirements.lock; to train on the CPU anyway add --config.device=cpu")
+  assert not (tmp_path / "run").exists()
+
+
+def test_config_device_cpu_lets_a_paper_scale_config_train_on_the_cpu():
+  import train
+  from configs import base, multi30k
+  config = base.get_config()
+  assert train.check_backend(config).startswith("base is a paper-scale run")
+  config.device = "cpu"
+  assert train.check_backend(config) is None
+  assert train.check_backend(multi30k.get_config()) is None  # made for the CPU

@@ -1,0 +1,66 @@
+"""TensorFlow (there for tf.data and tfds) is kept off the accelerators, before any tf.data
+work, in every entry point and in the notebook.
+
+What this can prove without a GPU: that the function leaves TensorFlow only the CPU and still
+working, that it is idempotent, and that every entry point and the notebook call it before
+anything that imports tfds. What it cannot: that a GPU build of TF would really have taken the
+GPU without it (no GPU here); the function relies on tf.config.set_visible_devices, which
+TensorFlow documents for exactly this."""
+import ast
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+ENTRY_POINTS = ["train.py", "evaluate.py", "translate.py", "visualize_attention.py"]
+SETUP = "keep_tensorflow_off_accelerators"
+
+
+def test_tensorflow_sees_only_the_cpu_and_still_works():
+  script = (f"from aiayn_flax.tensorflow_setup import {SETUP}\n"
+            f"{SETUP}(); {SETUP}()\n"
+            "import tensorflow as tf\n"
+            "print(sorted({d.device_type for d in tf.config.get_visible_devices()}))\n"
+            "print([int(x) for x in tf.data.Dataset.range(3).as_numpy_iterator()])\n")
+  result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.splitlines() == ["['CPU']", "[0, 1, 2]"]
+
+
+def main_statements(path):
+  tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
+  [main] = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"]
+  return main.body
+
+
+@pytest.mark.parametrize("path", ENTRY_POINTS)
+def test_every_entry_point_calls_it_before_importing_anything_that_uses_tensorflow(path):
+  calls_setup = imports_project = None
+  for index, statement in enumerate(main_statements(path)):
+    text = ast.unparse(statement)
+    if calls_setup is None and text.startswith(f"{SETUP}("):
+      calls_setup = index
+    if (imports_project is None and "aiayn_flax" in text and "tensorflow_setup" not in text
+        and isinstance(statement, (ast.Import, ast.ImportFrom, ast.Try))):
+      imports_project = index
+  assert calls_setup is not None, f"{path}: main() does not call {SETUP}()"
+  assert imports_project is None or calls_setup < imports_project, path
+  module_imports = [ast.unparse(node) for node in ast.parse(
+      (REPO / path).read_text(encoding="utf-8")).body if isinstance(node, (ast.Import,
+                                                                          ast.ImportFrom))]
+  assert not [m for m in module_imports if "aiayn_flax" in m or "tensorflow" in m], path
+
+
+def test_the_notebook_calls_it_before_any_cell_that_uses_the_data_pipeline():
+  notebook = json.loads((REPO / "notebooks/aiayn_flax.ipynb").read_text(encoding="utf-8"))
+  sources = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
+  setup = next(i for i, source in enumerate(sources) if f"\n{SETUP}()" in f"\n{source}")
+  imports = re.compile(r"^\s*(from aiayn_flax(?!\.tensorflow_setup)[\w.]* import|"
+                       r"import tensorflow|from tensorflow)", re.M)
+  first_import = next(i for i, source in enumerate(sources) if imports.search(source))
+  assert setup <= first_import, (setup, first_import)

@@ -53,13 +53,18 @@ def make_mesh(spec: str, devices=None) -> Mesh:
 def initialize_distributed() -> bool:
   """jax.distributed.initialize() when the environment says this process is one of several:
   a multi-host TPU slice (TPU_WORKER_HOSTNAMES lists several hosts), a SLURM job of several
-  tasks, or an explicit coordinator (JAX_COORDINATOR_ADDRESS). JAX reads the rest from the
+  tasks, or an explicit coordinator (JAX_COORDINATOR_ADDRESS, with JAX_NUM_PROCESSES and
+  JAX_PROCESS_ID for a launcher JAX does not detect by itself). JAX reads the rest from the
   same environment. Returns whether it initialized."""
   tpu_hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
   several = ("," in tpu_hosts or int(os.environ.get("SLURM_NTASKS", "1")) > 1
              or bool(os.environ.get("JAX_COORDINATOR_ADDRESS")))
   if several:
-    jax.distributed.initialize()
+    explicit = {}
+    if os.environ.get("JAX_NUM_PROCESSES") and os.environ.get("JAX_PROCESS_ID"):
+      explicit = dict(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                      process_id=int(os.environ["JAX_PROCESS_ID"]))
+    jax.distributed.initialize(**explicit)
   return several
 
 

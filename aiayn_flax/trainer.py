@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from absl import logging
 from clu import metric_writers
+from jax.experimental import multihost_utils
 
 from aiayn_flax import (checkpoints, config_checks, optimizer, provenance, scoring, sharding,
                         train_step)
@@ -168,7 +169,11 @@ def evaluate_loss(eval_fn, params, batches, batch_sharding) -> dict:
 
 
 def evaluate_translations(translator, params, sources, references) -> dict:
-  """Greedy-decoded validation BLEU (sacreBLEU), and exact match (the toy task's metric)."""
+  """Greedy-decoded validation BLEU (sacreBLEU), and exact match (the toy task's metric).
+  The translator decodes on this process's devices: with several processes, each first
+  gathers the whole parameters (the mesh spreads them over every host's devices)."""
+  if jax.process_count() > 1:
+    params = multihost_utils.process_allgather(params, tiled=True)
   translator.params = params
   hypotheses = translator.translate(sources)
   exact = float(np.mean([h == r for h, r in zip(hypotheses, references)]))

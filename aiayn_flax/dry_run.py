@@ -145,6 +145,8 @@ def plan(config) -> dict:
                                            config.dataset.max_length, config.dataset.bucket_growth,
                                            config.dataset.bucket_quantum)
   kind, num_devices = target_devices(config)
+  config = config.copy_and_resolve_references()
+  config.model.dtype = devices.compute_dtype(config.model.dtype, kind)  # "auto" for this kind
   mesh = sharding.parse_mesh(config.mesh, num_devices)
   memory = memory_plan(config, kind, mesh, boundaries[-1])
   # A representative batch: the bucket nearest 32 tokens (typical WMT/Multi30k sentence length).

@@ -9,6 +9,7 @@ temporaries - what outputs alias (donated state). An HBM overflow that the TPU c
 reports itself (RESOURCE_EXHAUSTED) is turned into the same one-line message.
 """
 import dataclasses
+import math
 import re
 
 import jax
@@ -38,6 +39,7 @@ class CompiledProgram:
   temporary_bytes: int
   alias_bytes: int
   flops: float  # all devices, one call
+  collectives: tuple  # sorted (op, devices per group) pairs in the partitioned program
 
   @property
   def memory_bytes(self) -> int:
@@ -88,14 +90,42 @@ def _compile(name, shape, function, args, num_devices) -> CompiledProgram:
   memory = compiled.memory_analysis()
   unsharded = tuple(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), a)
                     if a is not None else None for a in args)
-  lowered_for_cpu = lambda: jax.jit(function).lower(*unsharded)  # noqa: E731
+  lowered_for_cpu = lambda: jax.jit(function.__wrapped__).lower(*unsharded)  # noqa: E731
   return CompiledProgram(name, shape, memory.argument_size_in_bytes, memory.output_size_in_bytes,
                          memory.temp_size_in_bytes, memory.alias_size_in_bytes,
-                         _flops(compiled, lowered_for_cpu, num_devices))
+                         _flops(compiled, lowered_for_cpu, num_devices),
+                         collectives(compiled.as_text()))
 
 
-def compile_run(config, target_name: str) -> dict:
-  """Compiles the run's programs for the target; returns the compiled plan (a dict)."""
+_COLLECTIVE = re.compile(r"= [^\n]*? (all-reduce|all-gather|reduce-scatter|all-to-all|"
+                         r"collective-permute)(?:-start)?\([^\n]*?replica_groups=([^\n]*)")
+_MESH_GROUPS = re.compile(r"mesh\[([^\]]*)\] \{([^}]*)\}")
+
+
+def _group_size(groups: str) -> int:
+  """Devices per replica group, as HLO writes them: mesh['a'=4,'b'=2] {'a'} (the named axes
+  of a mesh), an iota [groups,size]<=[...], explicit lists {{0,1},{2,3}}, or {} (all: 0)."""
+  if mesh := _MESH_GROUPS.match(groups):
+    sizes = {name.strip("'"): int(size) for name, size in
+             (part.split("=") for part in mesh.group(1).split(","))}
+    return math.prod(sizes[name.strip().strip("'")] for name in mesh.group(2).split(","))
+  if iota := re.match(r"\[\d+,(\d+)\]", groups):
+    return int(iota.group(1))
+  if groups.startswith("{}"):
+    return 0
+  return groups[2:groups.index("}")].count(",") + 1
+
+
+def collectives(hlo_text: str) -> tuple:
+  """(op, devices per replica group) of each kind of collective in an HLO module's text, e.g.
+  ("all-reduce", 8) for a data-parallel gradient sum on 8 devices."""
+  return tuple(sorted({(op, _group_size(groups))
+                       for op, groups in _COLLECTIVE.findall(hlo_text)}))
+
+
+def compile_run(config, target_name: str, include=("train", "eval", "decode")) -> dict:
+  """Compiles the run's programs for the target (those of `include`; tests leave some out to
+  save time); returns the compiled plan (a dict)."""
   target = accelerator_targets.target(target_name)
   target_devices = accelerator_targets.topology_devices(target)
   kind = devices.kind(target.kind)
@@ -137,15 +167,10 @@ def compile_run(config, target_name: str) -> dict:
     compiled.append(_compile("apply_gradient_sums", "-", programs.apply_fn,
                              (state, *sums), n))
     flops_per_step = accumulation * compiled[0].flops + compiled[1].flops
-  compiled.append(_compile("eval_step", shape, programs.eval_fn, (params, batch), n))
-  decode_length = -(-config.dataset.max_length // translator.LENGTH_QUANTUM) * (
-      translator.LENGTH_QUANTUM)
-  decode_shape = f"{config.decode_batch_size}x{decode_length}"
-  decode_fn = translator.make_decode_fn(model, config.beam_size, config.length_penalty_alpha,
-                                        config.decode_extra_length)
-  sources = jax.ShapeDtypeStruct((config.decode_batch_size, decode_length), jnp.int32,
-                                 sharding=replicated)
-  compiled.append(_compile("beam_search", decode_shape, decode_fn, (params, sources), n))
+  if "eval" in include:
+    compiled.append(_compile("eval_step", shape, programs.eval_fn, (params, batch), n))
+  if "decode" in include:
+    compiled.append(_compile_decoding(config, model, params, replicated, n))
 
   largest = max(compiled, key=lambda p: p.memory_bytes)
   usable = int(kind.memory_bytes * (kind.usable_memory_fraction if target.platform == "gpu"
@@ -165,7 +190,8 @@ def plan_lines(result: dict) -> list[str]:
   for p in result["programs"]:
     lines.append(f"compiled_{p.name}: {p.shape} memory {p.memory_bytes} = arguments "
                  f"{p.argument_bytes} + outputs {p.output_bytes} + temporaries "
-                 f"{p.temporary_bytes} - aliased {p.alias_bytes}; flops {p.flops:.4g}")
+                 f"{p.temporary_bytes} - aliased {p.alias_bytes}; flops {p.flops:.4g}; "
+                 f"collectives {' '.join(f'{op}/{size}' for op, size in p.collectives) or 'none'}")
   largest = result["largest"]
   lines += [f"compiled_memory_per_device: {largest.memory_bytes}",
             f"compiled_memory_program: {largest.name}",
@@ -182,3 +208,16 @@ def does_not_fit_message(result: dict) -> str:
   return (f"{result['target']}: {largest.name} ({largest.shape}) needs {largest.memory_bytes} "
           f"bytes ({largest.memory_bytes / devices.GIB:.2f} GiB) per device, "
           f"{usable} ({usable / devices.GIB:.2f} GiB) available; try {HELPFUL_KEYS}")
+
+
+def _compile_decoding(config, model, params, replicated, num_devices) -> CompiledProgram:
+  """evaluate.py's beam search on decode_batch_size sources of the longest training length
+  (padded as the translator pads), parameters sharded as in training."""
+  decode_length = -(-config.dataset.max_length // translator.LENGTH_QUANTUM) * (
+      translator.LENGTH_QUANTUM)
+  decode_shape = f"{config.decode_batch_size}x{decode_length}"
+  decode_fn = translator.make_decode_fn(model, config.beam_size, config.length_penalty_alpha,
+                                        config.decode_extra_length)
+  sources = jax.ShapeDtypeStruct((config.decode_batch_size, decode_length), jnp.int32,
+                                 sharding=replicated)
+  return _compile("beam_search", decode_shape, decode_fn, (params, sources), num_devices)

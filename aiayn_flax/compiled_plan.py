@@ -82,9 +82,10 @@ def _compile(name, shape, function, args, num_devices) -> CompiledProgram:
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
-    used = re.search(r"Used ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?) hbm", str(e))
-    detail = (f"needs {used.group(1)}B of {used.group(2)}B HBM per device" if used else
-              str(e).splitlines()[0][:200])
+    # libtpu 0.0.42: "... required for HLO temporaries (42.08G) exceeds available HBM (15.75G)"
+    sizes = re.search(r"\(([\d.]+[KMGT]?)\) exceeds available HBM \(([\d.]+[KMGT]?)\)", str(e))
+    detail = (f"needs more than {sizes.group(1)}B per device, {sizes.group(2)}B HBM available"
+              if sizes else str(e).splitlines()[0][:200])
     raise DoesNotFit(f"{name} ({shape}) {detail} (XLA: RESOURCE_EXHAUSTED); try "
                      f"{HELPFUL_KEYS}") from None
   memory = compiled.memory_analysis()

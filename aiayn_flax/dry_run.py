@@ -215,11 +215,14 @@ TABLE_HARDWARE = [
 ]
 
 # compiled_memory_per_device (bytes) that `train.py --config=configs/NAME.py --dry_run
-# --target=TARGET` printed (jax 0.10.2, libtpu 0.0.42.1, jax-cuda12-plugin 0.10.2; the logs
-# of docs/SCALE.md): the largest of the train, eval and beam-search programs.
+# --target=TARGET` printed (jax 0.10.2, libtpu 0.0.42.1, jax-cuda12-plugin 0.10.2; the
+# commands are in docs/SCALE.md): the largest of the train, eval and beam-search programs.
 COMPILED_MEMORY = {
+    ("base", "tpu-v4-8"): 4876211200,
     ("big", "tpu-v4-8"): 9052633600,
+    ("big", "gpu-h100x8"): 5720992969,
 }
+
 
 def _duration(hours: float) -> str:
   return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"

@@ -115,13 +115,18 @@ def topology_devices(target_: Target) -> list:
   import jax
   from jax.experimental import topologies
   jax.config.update("jax_platforms", "cpu")  # nothing here may claim a real accelerator
-  if target_.tpu_topology:
-    name, chip_config, bounds = target_.tpu_topology
-    description = topologies.get_topology_desc(
-        platform="tpu", topology_name=name, chip_config_name=chip_config,
-        chips_per_host_bounds=bounds, num_slices=1, wrap=(False, False, False))
-  else:
-    description = topologies.get_topology_desc(
-        platform="cuda", target_config=GPUS[target_.gpu].target_config(),
-        topology=f"1x1x{target_.num_devices}")
+  try:
+    if target_.tpu_topology:
+      name, chip_config, bounds = target_.tpu_topology
+      description = topologies.get_topology_desc(
+          platform="tpu", topology_name=name, chip_config_name=chip_config,
+          chips_per_host_bounds=bounds, num_slices=1, wrap=(False, False, False))
+    else:
+      description = topologies.get_topology_desc(
+          platform="cuda", target_config=GPUS[target_.gpu].target_config(),
+          topology=f"1x1x{target_.num_devices}")
+  except (NotImplementedError, RuntimeError) as e:  # no libtpu / CUDA plugin, or started late
+    raise ValueError(f"--target={target_.name}: jax cannot compile for {target_.platform} here "
+                     f"({str(e).splitlines()[0][:120]}); pip install -e '.[aot]', and run with "
+                     "JAX_PLATFORMS=cpu") from None
   return list(description.devices)

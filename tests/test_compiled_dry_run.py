@@ -1,15 +1,21 @@
 """The compiled dry run: the run's programs compiled for a TPU and a GPU that are not here
 (libtpu and jax-cuda12-plugin from the `aot` extra), with XLA's memory figures and the
-collectives the mesh implies; a run that cannot fit stops with one line; "auto" precision."""
+collectives the mesh implies; a run that cannot fit stops with one line; "auto" precision.
+
+The GPU topologies need jax on its CPU backend from the start (with the CUDA plugin installed
+and no GPU, a default backend start fails the plugin and drops its topology): `make test`
+sets JAX_PLATFORMS=cpu; this module sets it too, for a run of this file alone."""
 import os
 import subprocess
 import sys
 
-import jax
-import pytest
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
-from aiayn_flax import accelerator_targets, compiled_plan, devices, flops, train_step
-from configs import base
+from aiayn_flax import (accelerator_targets, compiled_plan, devices, flops,  # noqa: E402
+                        train_step)
+from configs import base  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -25,6 +25,9 @@ config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/base.
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics.")
 flags.DEFINE_bool("dry_run", False, "Print the run's plan and exit without training.")
+flags.DEFINE_string("target", None, "With --dry_run: also compile the run's programs for this "
+                    "accelerator (e.g. tpu-v4-8, gpu-h100x8; aiayn_flax/accelerator_targets.py) "
+                    "and print the memory XLA reports; needs pip install -e '.[aot]'.")
 flags.DEFINE_bool("force_resume", False, "Resume even if the workdir's config differs in a field "
                   "that changes the model or the data.")
 flags.mark_flags_as_required(["config"])
@@ -39,7 +42,10 @@ def main(argv):
   from aiayn_flax import dry_run, sharding, trainer  # after flag parsing: keeps --help fast
   config = FLAGS.config
   if FLAGS.dry_run:
-    print(dry_run.plan_text(config))
+    if FLAGS.target:
+      compiled_dry_run(config, FLAGS.target)
+    else:
+      print(dry_run.plan_text(config))
     return
   sharding.initialize_distributed()  # a multi-host slice: join the other processes first
   if not FLAGS.workdir:
@@ -71,6 +77,28 @@ def check_backend(config) -> str | None:
             "pip install -e '.[tpu]' -c requirements.lock, on an NVIDIA GPU host pip install -e "
             "'.[cuda12]' -c requirements.lock; to train on the CPU anyway add --config.device=cpu")
   return None
+
+
+def compiled_dry_run(config, target_name: str) -> None:
+  """The analytic plan for the target's devices, then the compiled one; exits non-zero with
+  one line when the target is unknown or the run does not fit."""
+  from aiayn_flax import accelerator_targets, compiled_plan, dry_run
+  try:
+    target = accelerator_targets.target(target_name)
+  except ValueError as e:
+    sys.exit(f"train.py: error: {e}")
+  config = config.copy_and_resolve_references()
+  if not config.device:
+    config.device, config.num_devices = target.kind, target.num_devices
+  print(dry_run.plan_text(config), flush=True)
+  try:
+    result = compiled_plan.compile_run(config, target_name)
+  except (compiled_plan.DoesNotFit, ValueError) as e:
+    sys.exit(f"train.py: error: does not fit: {e}" if isinstance(e, compiled_plan.DoesNotFit)
+             else f"train.py: error: {e}")
+  print("\n".join(compiled_plan.plan_lines(result)))
+  if not result["fits"]:
+    sys.exit(f"train.py: error: does not fit: {compiled_plan.does_not_fit_message(result)}")
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -17,7 +17,9 @@ make up the rest of `tokens_per_batch`:
   data-parallel devices x micro_batch_tokens x accumulation_steps >= tokens_per_batch.
 
 `python -m aiayn_flax.dry_run --table` prints docs/SCALE.md's table (base and big on
-TPU v3-8, TPU v4-8, 8 x V100, 8 x A100, 1 x H100, beside the paper's 8 x P100).
+TPU v3-8, v4-8, v5e-8, 8 x V100, 8 x A100, 8 and 1 x H100, beside the paper's 8 x P100), with
+the memory XLA reported for the rows compiled with `train.py --dry_run --target=...`
+(compiled_plan.py). `--target` also prints this plan for the target's devices.
 """
 import math
 
@@ -145,6 +147,8 @@ def plan(config) -> dict:
                                            config.dataset.max_length, config.dataset.bucket_growth,
                                            config.dataset.bucket_quantum)
   kind, num_devices = target_devices(config)
+  config = config.copy_and_resolve_references()
+  config.model.dtype = devices.compute_dtype(config.model.dtype, kind)  # "auto" for this kind
   mesh = sharding.parse_mesh(config.mesh, num_devices)
   memory = memory_plan(config, kind, mesh, boundaries[-1])
   # A representative batch: the bucket nearest 32 tokens (typical WMT/Multi30k sentence length).
@@ -197,15 +201,31 @@ def plan_text(config) -> str:
   return "\n".join(f"{k}: {_value_text(k, v)}" for k, v in plan(config).items())
 
 
-# The table of docs/SCALE.md: (row label, device kind, device count, compute dtype).
+# The table of docs/SCALE.md: (row label, device kind, device count, compiled target). The
+# compute dtype is "auto": bf16 where the kind has bf16 units, f32 on V100 and P100.
 TABLE_HARDWARE = [
-    ("TPU v3-8", "tpu_v3", 8, "bfloat16"),
-    ("TPU v4-8", "tpu_v4", 4, "bfloat16"),
-    ("8 x V100 16 GB", "v100", 8, "bfloat16"),
-    ("8 x A100 40 GB", "a100", 8, "bfloat16"),
-    ("1 x H100 80 GB", "h100", 1, "bfloat16"),
-    ("8 x P100 16 GB", "p100", 8, "float32"),
+    ("TPU v3-8", "tpu_v3", 8, ""),
+    ("TPU v4-8", "tpu_v4", 4, "tpu-v4-8"),
+    ("TPU v5e-8", "tpu_v5e", 8, "tpu-v5e-8"),
+    ("8 x V100 16 GB", "v100", 8, "gpu-v100x8"),
+    ("8 x A100 40 GB", "a100", 8, "gpu-a100x8"),
+    ("8 x H100 80 GB", "h100", 8, "gpu-h100x8"),
+    ("1 x H100 80 GB", "h100", 1, "gpu-h100x1"),
+    ("8 x P100 16 GB", "p100", 8, ""),
 ]
+
+# compiled_memory_per_device (bytes) that `train.py --config=configs/NAME.py --dry_run
+# --target=TARGET` printed (jax 0.10.2, libtpu 0.0.42.1, jax-cuda12-plugin 0.10.2; the
+# commands are in docs/SCALE.md): the largest of the train, eval and beam-search programs.
+COMPILED_MEMORY = {
+    ("base", "tpu-v4-8"): 4876211200,
+    ("base", "gpu-h100x8"): 2577506889,
+    ("base", "gpu-h100x1"): 14794187977,
+    ("big", "tpu-v4-8"): 9052633600,
+    ("big", "gpu-h100x8"): 5720992969,
+    ("big", "gpu-h100x1"): 26103547081,
+}
+
 
 
 def _duration(hours: float) -> str:
@@ -217,23 +237,27 @@ def scale_table(named_configs, mfu: float = 0.4) -> str:
   8 x P100 measurement with the MFU it implies."""
   lines = [
       "| model | hardware | devices | dtype | memory / device (GiB): state + activations "
-      "of usable | micro-batch tokens / device | accumulation | step (s) | training time "
-      "| MFU |",
-      "|---|---|---:|---|---|---:|---:|---:|---:|---:|",
+      "of usable | compiled memory / device (GiB) | micro-batch tokens / device | accumulation "
+      "| step (s) | training time | MFU |",
+      "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
   ]
   for name, config in named_configs:
     config = config.copy_and_resolve_references()
     config.mfu = mfu
-    for label, kind, count, dtype in TABLE_HARDWARE:
-      config.device, config.num_devices, config.model.dtype = kind, count, dtype
+    for label, kind, count, target in TABLE_HARDWARE:
+      config.device, config.num_devices, config.model.dtype = kind, count, "auto"
       p = plan(config)
+      dtype = p["compute_dtype"]
+      compiled = COMPILED_MEMORY.get((name, target))
+      compiled = f"{compiled / devices.GIB:.1f}" if compiled else "—"
       memory = (f"{p['state_bytes_per_device'] / devices.GIB:.1f} + "
                 f"{p['activation_bytes_per_device'] / devices.GIB:.1f} of "
                 f"{p['usable_memory_bytes'] / devices.GIB:.1f}")
       if p["fits_in_memory"] != "yes":
         memory += " (does not fit)"
       lines.append(
-          f"| {name} | {label} | {count} | {dtype} | {memory} | {p['micro_batch_tokens']} "
+          f"| {name} | {label} | {count} | {dtype} | {memory} | {compiled} "
+          f"| {p['micro_batch_tokens']} "
           f"| {p['accumulation_steps']} | {p['step_time_s']:.3f} "
           f"| {_duration(p['training_time_h'])} | {mfu:.2f} (assumed) |")
     if name in PAPER_STEP_SECONDS:
@@ -241,7 +265,7 @@ def scale_table(named_configs, mfu: float = 0.4) -> str:
       p = plan(config)
       seconds = PAPER_STEP_SECONDS[name]
       implied = p["flops_per_step"] / (8 * devices.kind("p100").peak_flops("float32") * seconds)
-      lines.append(f"| {name} | 8 x P100 (paper, measured) | 8 | float32 | — | — | — "
+      lines.append(f"| {name} | 8 x P100 (paper, measured) | 8 | float32 | — | — | — | — "
                    f"| {seconds:.3f} | {PAPER_TRAINING_TIME[name]} | {implied:.2f} (implied) |")
   return "\n".join(lines)
 

@@ -9,11 +9,17 @@ import optax
 from flax import linen as nn
 from flax.training import train_state
 
-from aiayn_flax import loss, model as model_lib, optimizer
+from aiayn_flax import devices, loss, model as model_lib, optimizer
 
 
-def make_model(config) -> model_lib.Transformer:
-  return model_lib.Transformer(ml_collections.FrozenConfigDict(config.model))
+def make_model(config, device=None) -> model_lib.Transformer:
+  """The config's Transformer, its `model.dtype` resolved for `device` (default: the first
+  local device): "auto" is bfloat16 compute where the device has bf16 units, else float32
+  (devices.compute_dtype). The compiled dry run passes the target's device."""
+  device = device or jax.devices()[0]
+  model = config.model.to_dict()
+  model["dtype"] = devices.compute_dtype(model["dtype"], devices.local_kind(device))
+  return model_lib.Transformer(ml_collections.FrozenConfigDict(model))
 
 
 def boxed_params(model: model_lib.Transformer, seed: int):

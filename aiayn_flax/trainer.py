@@ -1,5 +1,4 @@
 """The training loop: config -> data -> model -> state -> loop, each step a named function."""
-import functools
 import hashlib
 import json
 import os
@@ -12,9 +11,10 @@ from absl import logging
 from clu import metric_writers
 from jax.experimental import multihost_utils
 
-from aiayn_flax import (checkpoints, config_checks, optimizer, provenance, scoring, sharding,
+from aiayn_flax import (checkpoints, config_checks, provenance, scoring, sharding,
                         train_step)
 from aiayn_flax.data import bucketing, pipeline
+from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
 
 # Config fields that may differ between a run and its resumption: they change neither the
@@ -207,7 +207,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   config_checks.check_config(config)
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh)
-  batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  batch_sharding = sharding.batch_sharding(mesh)
   stacked_batch_sharding = sharding.stacked_batch_sharding(mesh)
   logging.info("devices: %s; mesh: %s", jax.devices(), dict(mesh.shape))
 
@@ -242,24 +242,10 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   state = jax.jit(new_state, out_shardings=state_sharding)()
   state, position = restore_or_init(config, workdir, mngr, state, force_resume)
 
-  schedule = optimizer.learning_rate_schedule(config)
-  step_fn = jax.jit(
-      functools.partial(train_step.train_step, model=model,
-                        label_smoothing=config.label_smoothing, schedule=schedule),
-      in_shardings=(state_sharding, batch_sharding, replicated),
-      out_shardings=(state_sharding, replicated), donate_argnums=0)
-  steps_fn = jax.jit(
-      functools.partial(train_step.train_steps, model=model,
-                        label_smoothing=config.label_smoothing, schedule=schedule),
-      in_shardings=(state_sharding, stacked_batch_sharding, replicated, replicated),
-      out_shardings=(state_sharding, replicated), donate_argnums=0)
-  accumulate_fn = jax.jit(functools.partial(train_step.accumulate_step, model=model,
-                                            label_smoothing=config.label_smoothing),
-                          donate_argnums=0)
-  apply_fn = jax.jit(functools.partial(train_step.apply_gradient_sums, schedule=schedule),
-                     out_shardings=(state_sharding, replicated), donate_argnums=(0, 1))
-  eval_fn = jax.jit(functools.partial(train_step.eval_step, model=model,
-                                      label_smoothing=config.label_smoothing))
+  programs = training_programs(config, model, mesh, state_sharding)
+  step_fn, steps_fn, accumulate_fn, apply_fn, eval_fn = (
+      programs.step_fn, programs.steps_fn, programs.accumulate_fn, programs.apply_fn,
+      programs.eval_fn)
   rng = train_step.dropout_key(config.seed)
   num_bleu = config.eval_bleu_sentences or (
       config.dataset.toy_eval_examples if config.dataset.name == "toy_reverse" else 0)

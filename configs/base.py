@@ -49,7 +49,9 @@ def model_config(**overrides):
       positions="sinusoidal",  # or "learned" (Table 3 row E)
       max_positions=1024,  # size of the learned position table (row E only)
       pre_layer_norm=False,  # the paper is post-LN: LayerNorm(x + Dropout(Sublayer(x)))
-      dtype="float32",  # compute dtype; "bfloat16" on TPU/GPU keeps f32 params, softmax, loss
+      # compute dtype: "auto" is bfloat16 (f32 parameters, softmax and loss) where the device
+      # has bf16 units (TPU, A100, L4, H100), float32 elsewhere (CPU, V100, T4); or say which
+      dtype="auto",
   ))
   model.update(overrides)
   return model

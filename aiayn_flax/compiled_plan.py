@@ -1,0 +1,224 @@
+"""`train.py --dry_run --target=NAME`: the run's programs compiled by XLA for an accelerator
+that is not here (accelerator_targets.py), and the per-device memory XLA reports for them.
+
+It compiles what training runs (programs.py): the train step (or, when
+micro_batch_tokens_per_device asks for accumulation, the accumulate and apply programs), the
+evaluation step, and one beam-search call of evaluate.py's decoding at decode_batch_size on
+sources of the longest training length. A program's memory is its arguments + outputs +
+temporaries - what outputs alias (donated state). An HBM overflow that the TPU compiler
+reports itself (RESOURCE_EXHAUSTED) is turned into the same one-line message.
+"""
+import dataclasses
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from aiayn_flax import accelerator_targets, devices, sharding, train_step, translator
+from aiayn_flax.data import bucketing
+from aiayn_flax.dry_run import activation_bytes_per_token
+from aiayn_flax.programs import training_programs
+
+HELPFUL_KEYS = ("a smaller --config.micro_batch_tokens_per_device (accumulates more micro-batches),"
+                " a model axis in --config.mesh (e.g. data:-1,model:2), or --config.fsdp=True")
+
+
+class DoesNotFit(Exception):
+  """One line: the program, the bytes it needs and the bytes available, the keys that help."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledProgram:
+  name: str
+  shape: str  # the batch it was compiled for
+  argument_bytes: int
+  output_bytes: int
+  temporary_bytes: int
+  alias_bytes: int
+  flops: float  # all devices, one call
+  collectives: tuple  # sorted (op, devices per group) pairs in the partitioned program
+
+  @property
+  def memory_bytes(self) -> int:
+    return self.argument_bytes + self.output_bytes + self.temporary_bytes - self.alias_bytes
+
+
+def largest_memory_bucket(config, model_config, micro_tokens: int, data_shards: int) -> int:
+  """The bucket boundary whose batch needs the most activation memory. Every bucket's batch
+  holds about `micro_tokens` tokens (rows = budget // boundary, rounded down to the data
+  shards), and only the attention probabilities grow with the length, so it is the longest
+  bucket unless rounding leaves it many fewer tokens than a shorter one: rank them by
+  dry_run's per-token estimate x the tokens each batch really holds, and compile that one."""
+  boundaries = bucketing.bucket_boundaries(
+      config.dataset.bucket_min_length, config.dataset.max_length, config.dataset.bucket_growth,
+      config.dataset.bucket_quantum)
+
+  def activation_bytes(boundary):
+    rows = micro_tokens // boundary // data_shards * data_shards
+    return rows * boundary * activation_bytes_per_token(model_config, boundary)
+  return max(boundaries, key=activation_bytes)
+
+
+def _abstract(tree, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
+                      shardings)
+
+
+def _flops(compiled, lowered_for_cpu, num_devices: int) -> float:
+  """XLA's FLOP count of one call over all devices: the TPU compiler's (per device, of the
+  partitioned program), else (GPU: cost_analysis is None) the CPU lowering's of the whole."""
+  cost = compiled.cost_analysis()
+  if cost and cost.get("flops"):
+    return float(cost["flops"]) * num_devices
+  return float(lowered_for_cpu().cost_analysis()["flops"])
+
+
+def _compile(name, shape, function, args, num_devices) -> CompiledProgram:
+  try:
+    compiled = function.lower(*args).compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    # libtpu 0.0.42: "... required for HLO temporaries (42.08G) exceeds available HBM (15.75G)"
+    sizes = re.search(r"\(([\d.]+[KMGT]?)\) exceeds available HBM \(([\d.]+[KMGT]?)\)", str(e))
+    detail = (f"needs more than {sizes.group(1)}B per device, {sizes.group(2)}B HBM available"
+              if sizes else str(e).splitlines()[0][:200])
+    raise DoesNotFit(f"{name} ({shape}) {detail} (XLA: RESOURCE_EXHAUSTED); try "
+                     f"{HELPFUL_KEYS}") from None
+  memory = compiled.memory_analysis()
+  unsharded = tuple(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), a)
+                    if a is not None else None for a in args)
+  lowered_for_cpu = lambda: jax.jit(function.__wrapped__).lower(*unsharded)  # noqa: E731
+  return CompiledProgram(name, shape, memory.argument_size_in_bytes, memory.output_size_in_bytes,
+                         memory.temp_size_in_bytes, memory.alias_size_in_bytes,
+                         _flops(compiled, lowered_for_cpu, num_devices),
+                         collectives(compiled.as_text()))
+
+
+_COLLECTIVE = re.compile(r"= [^\n]*? (all-reduce|all-gather|reduce-scatter|all-to-all|"
+                         r"collective-permute)(?:-start)?\([^\n]*?replica_groups=([^\n]*)")
+_MESH_GROUPS = re.compile(r"mesh\[([^\]]*)\] \{([^}]*)\}")
+
+
+def _group_size(groups: str) -> int:
+  """Devices per replica group, as HLO writes them: mesh['a'=4,'b'=2] {'a'} (the named axes
+  of a mesh), an iota [groups,size]<=[...], explicit lists {{0,1},{2,3}}, or {} (all: 0)."""
+  if mesh := _MESH_GROUPS.match(groups):
+    sizes = {name.strip("'"): int(size) for name, size in
+             (part.split("=") for part in mesh.group(1).split(","))}
+    return math.prod(sizes[name.strip().strip("'")] for name in mesh.group(2).split(","))
+  if iota := re.match(r"\[\d+,(\d+)\]", groups):
+    return int(iota.group(1))
+  if groups.startswith("{}"):
+    return 0
+  return groups[2:groups.index("}")].count(",") + 1
+
+
+def collectives(hlo_text: str) -> tuple:
+  """(op, devices per replica group) of each kind of collective in an HLO module's text, e.g.
+  ("all-reduce", 8) for a data-parallel gradient sum on 8 devices."""
+  return tuple(sorted({(op, _group_size(groups))
+                       for op, groups in _COLLECTIVE.findall(hlo_text)}))
+
+
+def compile_run(config, target_name: str, include=("train", "eval", "decode")) -> dict:
+  """Compiles the run's programs for the target (those of `include`; tests leave some out to
+  save time); returns the compiled plan (a dict)."""
+  target = accelerator_targets.target(target_name)
+  target_devices = accelerator_targets.topology_devices(target)
+  kind = devices.kind(target.kind)
+  mesh_axes = sharding.parse_mesh(config.mesh, len(target_devices))
+  mesh = Mesh(np.asarray(target_devices).reshape(tuple(mesh_axes.values())), tuple(mesh_axes))
+  model = train_step.make_model(config, target_devices[0])
+  abstract_state = jax.eval_shape(lambda: train_step.create_train_state(config, model))
+  state_sharding = sharding.train_state_shardings(
+      mesh, abstract_state, train_step.logical_param_specs(model), config.fsdp)
+  programs = training_programs(config, model, mesh, state_sharding)
+  replicated, batch_sharding = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+  state = _abstract(abstract_state, state_sharding)
+  params = state.params
+
+  data_shards = mesh_axes["data"]
+  accumulation = train_step.accumulation_steps(config, data_shards)
+  micro_tokens = -(-config.tokens_per_batch // accumulation)  # as the trainer's micro_config
+  length = largest_memory_bucket(config, model.config, micro_tokens, data_shards)
+  rows = bucketing.batch_size_for(length, micro_tokens, data_shards)
+  shape = f"{rows}x{length}"
+  batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding)
+           for key in ("inputs", "targets")}
+  rng = jax.eval_shape(lambda: train_step.dropout_key(0))
+  rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=replicated)
+  scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+  n = len(target_devices)
+
+  compiled = []
+  if accumulation == 1:
+    compiled.append(_compile("train_step", shape, programs.step_fn, (state, batch, rng), n))
+    flops_per_step = compiled[-1].flops
+  else:
+    grads, metrics = jax.eval_shape(programs.accumulate_fn, None, params, batch, rng, scalar,
+                                    scalar)
+    sums = (_abstract(grads, state_sharding.params),
+            _abstract(metrics, jax.tree.map(lambda _: replicated, metrics)))
+    compiled.append(_compile("accumulate_step", shape, programs.accumulate_fn,
+                             (sums, params, batch, rng, scalar, scalar), n))
+    compiled.append(_compile("apply_gradient_sums", "-", programs.apply_fn,
+                             (state, *sums), n))
+    flops_per_step = accumulation * compiled[0].flops + compiled[1].flops
+  if "eval" in include:
+    compiled.append(_compile("eval_step", shape, programs.eval_fn, (params, batch), n))
+  if "decode" in include:
+    compiled.append(_compile_decoding(config, model, params, replicated, n))
+
+  largest = max(compiled, key=lambda p: p.memory_bytes)
+  usable = int(kind.memory_bytes * (kind.usable_memory_fraction if target.platform == "gpu"
+                                    else 1.0))
+  return {"target": target.name, "target_devices": f"{n} x {target_devices[0].device_kind}",
+          "target_mesh": ",".join(f"{k}:{v}" for k, v in mesh_axes.items()),
+          "target_compute_dtype": model.config.dtype,
+          "accumulation_steps": accumulation, "programs": compiled, "largest": largest,
+          "device_memory": kind.memory_bytes, "usable_device_memory": usable,
+          "compiled_flops_per_optimizer_step": flops_per_step,
+          "fits": largest.memory_bytes <= usable}
+
+
+def plan_lines(result: dict) -> list[str]:
+  lines = [f"{key}: {result[key]}" for key in ("target", "target_devices", "target_mesh",
+                                               "target_compute_dtype")]
+  for p in result["programs"]:
+    lines.append(f"compiled_{p.name}: {p.shape} memory {p.memory_bytes} = arguments "
+                 f"{p.argument_bytes} + outputs {p.output_bytes} + temporaries "
+                 f"{p.temporary_bytes} - aliased {p.alias_bytes}; flops {p.flops:.4g}; "
+                 f"collectives {' '.join(f'{op}/{size}' for op, size in p.collectives) or 'none'}")
+  largest = result["largest"]
+  lines += [f"compiled_memory_per_device: {largest.memory_bytes}",
+            f"compiled_memory_program: {largest.name}",
+            f"device_memory: {result['device_memory']}",
+            f"usable_device_memory: {result['usable_device_memory']}",
+            f"fits: {'yes' if result['fits'] else 'no'}",
+            f"compiled_flops_per_optimizer_step: {result['compiled_flops_per_optimizer_step']:.6g}"]
+  return lines
+
+
+def does_not_fit_message(result: dict) -> str:
+  """The one line for a plan whose largest program exceeds the device's usable memory."""
+  largest, usable = result["largest"], result["usable_device_memory"]
+  return (f"{result['target']}: {largest.name} ({largest.shape}) needs {largest.memory_bytes} "
+          f"bytes ({largest.memory_bytes / devices.GIB:.2f} GiB) per device, "
+          f"{usable} ({usable / devices.GIB:.2f} GiB) available; try {HELPFUL_KEYS}")
+
+
+def _compile_decoding(config, model, params, replicated, num_devices) -> CompiledProgram:
+  """evaluate.py's beam search on decode_batch_size sources of the longest training length
+  (padded as the translator pads), parameters sharded as in training."""
+  decode_length = -(-config.dataset.max_length // translator.LENGTH_QUANTUM) * (
+      translator.LENGTH_QUANTUM)
+  decode_shape = f"{config.decode_batch_size}x{decode_length}"
+  decode_fn = translator.make_decode_fn(model, config.beam_size, config.length_penalty_alpha,
+                                        config.decode_extra_length)
+  sources = jax.ShapeDtypeStruct((config.decode_batch_size, decode_length), jnp.int32,
+                                 sharding=replicated)
+  return _compile("beam_search", decode_shape, decode_fn, (params, sources), num_devices)

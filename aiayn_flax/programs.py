@@ -1,0 +1,44 @@
+"""The jitted programs of a run, built once for the trainer and for the compiled dry run
+(`train.py --dry_run --target=...`), so that what the dry run compiles is what training runs:
+the same functions, shardings and donations."""
+import dataclasses
+import functools
+
+import jax
+
+from aiayn_flax import optimizer, sharding, train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPrograms:
+  step_fn: object  # (state, batch, rng) -> (state, metrics): one optimizer step
+  steps_fn: object  # (state, [K, ...] batches, num_steps, rng): several steps in one call
+  accumulate_fn: object  # (sums | None, params, batch, rng, step, micro_step) -> sums
+  apply_fn: object  # (state, grad_sums, metrics) -> (state, metrics): the accumulated update
+  eval_fn: object  # (params, batch) -> metric sums
+
+
+def training_programs(config, model, mesh, state_sharding) -> TrainingPrograms:
+  """The train, accumulate/apply and eval programs of `config` on `mesh`; the state is
+  donated (updated in place), batches are split along `data`."""
+  batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  stacked_batch_sharding = sharding.stacked_batch_sharding(mesh)
+  schedule = optimizer.learning_rate_schedule(config)
+  step_fn = jax.jit(
+      functools.partial(train_step.train_step, model=model,
+                        label_smoothing=config.label_smoothing, schedule=schedule),
+      in_shardings=(state_sharding, batch_sharding, replicated),
+      out_shardings=(state_sharding, replicated), donate_argnums=0)
+  steps_fn = jax.jit(
+      functools.partial(train_step.train_steps, model=model,
+                        label_smoothing=config.label_smoothing, schedule=schedule),
+      in_shardings=(state_sharding, stacked_batch_sharding, replicated, replicated),
+      out_shardings=(state_sharding, replicated), donate_argnums=0)
+  accumulate_fn = jax.jit(functools.partial(train_step.accumulate_step, model=model,
+                                            label_smoothing=config.label_smoothing),
+                          donate_argnums=0)
+  apply_fn = jax.jit(functools.partial(train_step.apply_gradient_sums, schedule=schedule),
+                     out_shardings=(state_sharding, replicated), donate_argnums=(0, 1))
+  eval_fn = jax.jit(functools.partial(train_step.eval_step, model=model,
+                                      label_smoothing=config.label_smoothing))
+  return TrainingPrograms(step_fn, steps_fn, accumulate_fn, apply_fn, eval_fn)

@@ -219,12 +219,20 @@ TABLE_HARDWARE = [
 # commands are in docs/SCALE.md): the largest of the train, eval and beam-search programs.
 COMPILED_MEMORY = {
     ("base", "tpu-v4-8"): 4876211200,
+    ("base", "tpu-v5e-8"): 2733840384,
+    ("base", "gpu-v100x8"): 4021335377,
+    ("base", "gpu-a100x8"): 2767447113,
     ("base", "gpu-h100x8"): 2577506889,
     ("base", "gpu-h100x1"): 14794187977,
     ("big", "tpu-v4-8"): 9052633600,
+    ("big", "tpu-v5e-8"): 5460435456,
+    ("big", "gpu-v100x8"): 8273777233,
+    ("big", "gpu-a100x8"): 5909846473,
     ("big", "gpu-h100x8"): 5720992969,
     ("big", "gpu-h100x1"): 26103547081,
 }
+
+
 
 
 

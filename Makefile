@@ -1,5 +1,9 @@
 # Every target creates .venv and installs the project first, so a fresh clone needs only Python 3.11.
-# The install takes the exact versions tested from requirements.lock (README, "Install").
+# The install takes the exact versions tested from requirements.lock (README, "Install"), with
+# the test tools and the compilers for TPU/GPU targets (the `aot` extra: --dry_run --target=).
+# These targets are the CPU path; on a TPU or GPU host, install its extra and run train.py
+# (README, "Install on TPU / GPU").
+export JAX_PLATFORMS ?= cpu
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -19,7 +23,7 @@ endif
 $(VENV)/installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]' -c $(LOCK)
+	$(PY) -m pip install -q -e '.[dev,aot]' -c $(LOCK)
 	touch $@
 
 venv: $(VENV)/installed

@@ -8,6 +8,12 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
+# The tests run on the CPU. With the `aot` extra installed (libtpu, the CUDA plugin: make test
+# installs it for the compiled dry run), jax would otherwise try to start a TPU and a GPU
+# backend in every process, noisily, and the compiled dry run needs jax to start none of them
+# before it asks for a GPU topology. Subprocesses inherit it.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 
 def data_dir() -> pathlib.Path:
   path = pathlib.Path(os.environ.get("AIAYN_DATA_DIR") or REPO.parent / "shared" / "data")

@@ -233,9 +233,6 @@ COMPILED_MEMORY = {
 }
 
 
-
-
-
 def _duration(hours: float) -> str:
   return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"
 

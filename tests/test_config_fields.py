@@ -85,3 +85,16 @@ def test_config_checks_accept_every_shipped_config():
   from aiayn_flax import config_checks
   for config in CONFIGS.values():
     config_checks.check_config(config)  # raises on a bad value
+
+
+def test_table3_rows_are_scored_as_section_6_2_did():
+  """newstest2013 (tfds' "validation" split), beam search, no checkpoint averaging; the base
+  and big runs themselves on newstest2014 with the last 5 / 20 averaged (section 6.1)."""
+  for row in base.TABLE3_ROWS:
+    config = base.get_config(row)
+    assert (config.dataset.test_split, config.beam_size, config.average_last_checkpoints) == (
+        "validation", 4, 1), row
+  assert (CONFIGS["base"].dataset.test_split, CONFIGS["base"].average_last_checkpoints) == (
+      "test", 5)
+  assert (CONFIGS["big"].dataset.test_split, CONFIGS["big"].average_last_checkpoints) == (
+      "test", 20)

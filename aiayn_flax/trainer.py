@@ -181,14 +181,23 @@ def evaluate_translations(translator, params, sources, references) -> dict:
           "exact_match": exact}
 
 
-def restore_or_init(config, workdir, mngr, state, force_resume: bool):
+def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shards: int):
   """(state, data position): from the newest checkpoint that can be read, when there is one.
   Newer ones that cannot be read are moved to workdir/unreadable_checkpoints/ (never deleted),
-  with a warning naming them, so that the run can save those steps again."""
+  with a warning naming them, so that the run can save those steps again.
+
+  The batch list depends on the number of data shards (a batch's rows are a multiple of it),
+  so the saved data position means something else on another count: that resume is refused
+  (--force_resume continues anyway, from the same position of a different batch list)."""
   newest_meta = checkpoints.newest_readable(mngr, lambda step: checkpoints.restore_meta(mngr, step))
   if not newest_meta:
     return state, bucketing.BatchPosition()
-  conflicts = resume_conflicts(newest_meta[0][1]["config"], config_dict(config))
+  saved_meta = newest_meta[0][1]
+  conflicts = resume_conflicts(saved_meta["config"], config_dict(config))
+  saved_shards = saved_meta.get("data_shards", data_shards)  # older runs did not record it
+  if saved_shards != data_shards:
+    conflicts.append(f"data shards (the mesh's data axis): {saved_shards} -> {data_shards}, "
+                     "which changes the batch list")
   if conflicts and not force_resume:
     raise ValueError(f"{mngr.directory} was trained with "
                      f"another config ({'; '.join(conflicts)}); use a fresh --workdir, or "
@@ -240,7 +249,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   state_sharding = sharding.train_state_shardings(
       mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model), config.fsdp)
   state = jax.jit(new_state, out_shardings=state_sharding)()
-  state, position = restore_or_init(config, workdir, mngr, state, force_resume)
+  state, position = restore_or_init(config, workdir, mngr, state, force_resume, data_shards)
 
   programs = training_programs(config, model, mesh, state_sharding)
   step_fn, steps_fn, accumulate_fn, apply_fn, eval_fn = (
@@ -265,6 +274,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
 
   def save(step):
     checkpoints.save(mngr, step, state, {"position": position.__dict__,
+                                         "data_shards": data_shards,
                                          "config": config_dict(config),
                                          "versions": provenance.software_versions()})
 

@@ -156,3 +156,22 @@ def test_resuming_with_a_different_model_is_refused_with_the_field_named(tmp_pat
     trainer.train_and_evaluate(config, str(tmp_path))
   config.model.d_ff = 128  # logging and step counts may change
   assert trainer.train_and_evaluate(config, str(tmp_path))["step"] == 10
+
+
+def test_resuming_on_another_number_of_data_shards_is_refused_naming_both(tmp_path):
+  config = toy.get_config()
+  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 5, 1000
+  config.dataset.toy_eval_examples = 10
+  trainer.train_and_evaluate(config, str(tmp_path))  # 1 device here
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  result = subprocess.run(
+      [sys.executable, "train.py", "--config=configs/toy.py", f"--workdir={tmp_path}",
+       "--config.num_train_steps=10", "--config.eval_every_steps=1000",
+       "--config.dataset.toy_eval_examples=10", "--config.checkpoint_every_steps=5"],
+      cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+  assert result.returncode == 1, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"train.py: error: {checkpoints.checkpoint_dir(str(tmp_path))} was trained with another "
+      "config (data shards (the mesh's data axis): 1 -> 2, which changes the batch list); use a "
+      "fresh --workdir, or --force_resume to continue anyway")

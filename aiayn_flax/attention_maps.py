@@ -20,7 +20,7 @@ import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no global state, no display backend needed
 
 from aiayn_flax.data.vocabulary import EOS_ID, PAD_ID
-from aiayn_flax.translator import LENGTH_QUANTUM, Translator
+from aiayn_flax.translator import Translator, padded_source_length
 
 KINDS = ("encoder", "decoder", "cross")
 TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
@@ -67,9 +67,8 @@ def _check_kind(kind: str) -> str:
 
 
 def _padded_row(ids: list[int]) -> np.ndarray:
-  """[1, L] ids padded to a multiple of LENGTH_QUANTUM, so few lengths compile."""
-  length = -(-len(ids) // LENGTH_QUANTUM) * LENGTH_QUANTUM
-  row = np.full((1, length), PAD_ID, np.int32)
+  """[1, L] ids padded as the translator pads them, so few lengths compile."""
+  row = np.full((1, padded_source_length(len(ids))), PAD_ID, np.int32)
   row[0, :len(ids)] = ids
   return row
 

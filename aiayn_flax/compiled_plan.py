@@ -214,8 +214,7 @@ def does_not_fit_message(result: dict) -> str:
 def _compile_decoding(config, model, params, replicated, num_devices) -> CompiledProgram:
   """evaluate.py's beam search on decode_batch_size sources of the longest training length
   (padded as the translator pads), parameters sharded as in training."""
-  decode_length = -(-config.dataset.max_length // translator.LENGTH_QUANTUM) * (
-      translator.LENGTH_QUANTUM)
+  decode_length = translator.padded_source_length(config.dataset.max_length)
   decode_shape = f"{config.decode_batch_size}x{decode_length}"
   decode_fn = translator.make_decode_fn(model, config.beam_size, config.length_penalty_alpha,
                                         config.decode_extra_length)

@@ -143,15 +143,13 @@ class Translator:
     outputs = [empty_result] * len(sentences)
     start_time, done = time.time(), 0
     while done < len(order):
-      # The batch's rows follow its longest sentence, which the rows themselves decide; the
-      # longest of a full batch is a safe (larger) guess, then the batch is cut to fit.
-      guess = order[done:done + self.batch_size]
-      length = _padded_length(len(source_ids[guess[-1]]))
-      rows = batch_rows(len(guess), length, self.batch_size, self.max_tokens)
-      chunk = order[done:done + rows]
-      length = _padded_length(len(source_ids[chunk[-1]]))
-      rows = batch_rows(len(chunk), length, self.batch_size, self.max_tokens)
-      inputs = np.zeros((rows, length), np.int32)
+      # Sources are sorted by length, so a chunk's last is its longest: the rows a token
+      # budget allows at that length also fit the (possibly shorter) chunk they cut.
+      chunk = order[done:done + self.batch_size]
+      rows = batch_rows(len(chunk), padded_source_length(len(source_ids[chunk[-1]])),
+                        self.batch_size, self.max_tokens)
+      chunk = chunk[:rows]
+      inputs = np.zeros((rows, padded_source_length(len(source_ids[chunk[-1]]))), np.int32)
       for row, i in enumerate(chunk):
         inputs[row, :len(source_ids[i])] = source_ids[i]
       decoded = jax.tree.map(np.asarray, self._decode(self.params, inputs))
@@ -166,6 +164,7 @@ class Translator:
     return outputs
 
 
-def _padded_length(length: int) -> int:
-  """Sources are padded to multiples of LENGTH_QUANTUM: few compiled lengths."""
+def padded_source_length(length: int) -> int:
+  """The length a source of `length` tokens is padded to: a multiple of LENGTH_QUANTUM, so
+  that a test set compiles few shapes."""
   return -(-length // LENGTH_QUANTUM) * LENGTH_QUANTUM

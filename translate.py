@@ -4,12 +4,13 @@
   python translate.py --workdir=runs/multi30k --input=in.en --output=out.de
   python translate.py --workdir=runs/multi30k --input=in.en --nbest=4
 
-Lines are split at "\\n" only (a "\\r" before it is dropped), from standard input and from
---input alike, so any UTF-8 text keeps its line count: an empty or blank line gives an empty
-line, a last line without "\\n" is translated, other line or paragraph separators stay inside
-their line. Lines are translated as they arrive: an interactive user gets each line back at
-once, and a file or a pipe is decoded in full batches (--buffer_size lines sorted by length,
---batch_size sentences or --max_tokens padded source tokens per decoding batch).
+Lines are split at "\\n" only (carriage returns before it are dropped), from standard input
+and from --input alike, as every text file of the project is, so any UTF-8 text keeps its line
+count: an empty or blank line gives an empty line, a last line without "\\n" is translated,
+other line or paragraph separators stay inside their line. Lines are translated as they arrive:
+an interactive user gets each line back at once, and a file or a pipe is decoded in full
+batches (--buffer_size lines sorted by length, --batch_size sentences or --max_tokens padded
+source tokens per decoding batch).
 
 The defaults are evaluate.py's: the run's beam size and alpha, the last
 config.average_last_checkpoints checkpoints averaged.
@@ -44,19 +45,13 @@ FLAGS = flags.FLAGS
 
 
 def line_batches(stream, name: str, max_lines: int, waits_for_input: bool):
-  """Lists of the lines of a binary stream, decoded from UTF-8, split at b"\\n" with one
-  trailing b"\\r" removed. A list ends at max_lines or, when `waits_for_input` (a terminal or
-  a pipe), as soon as no more input is waiting, so that what was typed is translated now.
-  Invalid UTF-8 stops with an error naming the stream and the line."""
+  """Lists of the lines of a binary stream, split and decoded as every text file of the project
+  is (text_files.decode_line: at b"\\n", carriage returns before it removed, invalid UTF-8
+  named by line). A list ends at max_lines or, when `waits_for_input` (a terminal or a pipe),
+  as soon as no more input is waiting, so that what was typed is translated now."""
+  from aiayn_flax.data.text_files import decode_line
   fd = stream.fileno() if waits_for_input else None
   pending, lines, number = b"", [], 0
-
-  def decoded(raw: bytes) -> str:
-    raw = raw[:-1] if raw.endswith(b"\r") else raw
-    try:
-      return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-      raise ValueError(f"{name}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
 
   while True:
     if lines and (len(lines) >= max_lines
@@ -70,10 +65,10 @@ def line_batches(stream, name: str, max_lines: int, waits_for_input: bool):
     *complete, pending = (pending + chunk).split(b"\n")
     for raw in complete:
       number += 1
-      lines.append(decoded(raw))
+      lines.append(decode_line(raw, name, number))
   if pending:  # a last line without "\n"
     number += 1
-    lines.append(decoded(pending))
+    lines.append(decode_line(pending, name, number))
   while lines:
     yield lines[:max_lines]
     lines = lines[max_lines:]

@@ -15,13 +15,16 @@ def read_lines(path: str) -> list[str]:
     raw_lines = f.read().split(b"\n")
   if raw_lines and raw_lines[-1] == b"":
     raw_lines.pop()  # the newline that ends the last line
-  lines = []
-  for number, raw in enumerate(raw_lines, start=1):
-    try:
-      lines.append(raw.decode("utf-8").rstrip("\r"))
-    except UnicodeDecodeError as e:
-      raise ValueError(f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
-  return lines
+  return [decode_line(raw, path, number) for number, raw in enumerate(raw_lines, start=1)]
+
+
+def decode_line(raw: bytes, path: str, number: int) -> str:
+  """One line's bytes (split at b"\n") as text, without the carriage returns that end it; a
+  ValueError naming the file and the line for invalid UTF-8."""
+  try:
+    return raw.decode("utf-8").rstrip("\r")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
 
 
 def read_parallel_lines(source_path: str, target_path: str) -> tuple[list[str], list[str]]:

@@ -1,4 +1,5 @@
 """Orbax checkpoints of everything a resume needs, and checkpoint averaging (section 6.1)."""
+import contextlib
 import functools
 import os
 
@@ -83,43 +84,59 @@ def set_aside(mngr: ocp.CheckpointManager, workdir: str, steps: list[int]) -> No
   mngr.reload()
 
 
-def load_params(workdir: str, abstract_params, steps: list[int] | None = None,
-                newest: int = 0):
-  """Parameters of the given steps' checkpoints (default: the latest), averaged element-wise;
-  or, with `newest` = n, of the newest n checkpoints that can be read (an unreadable one is
-  skipped with a warning). Returns (params, steps) with `newest`, else params.
+def load_params(workdir: str, abstract_params, steps: list[int] | None = None):
+  """Parameters of the given steps' checkpoints (default: the latest), averaged element-wise.
 
   `abstract_params` gives the parameter tree's structure, shapes and shardings.
   """
+  with _params_reader(workdir, abstract_params) as (mngr, read):
+    available = list(mngr.all_steps())
+    steps = steps or [max(available)]
+    missing = sorted(set(steps) - set(available))
+    if missing:
+      raise ValueError(f"{checkpoint_dir(workdir)}: no checkpoint for steps {missing} "
+                       f"(available: {sorted(available)})")
+    return _mean([read(step) for step in steps])
+
+
+def load_newest_params(workdir: str, abstract_params, n: int):
+  """(params, steps): parameters averaged over the newest n checkpoints that can be read (an
+  unreadable one is skipped with a warning), and their steps, oldest first."""
+  with _params_reader(workdir, abstract_params) as (mngr, read):
+    stored = len(mngr.all_steps())
+    if stored < n:
+      raise ValueError(f"{checkpoint_dir(workdir)} holds {stored} checkpoints, "
+                       f"fewer than --average_last={n}")
+    steps, each = zip(*reversed(newest_readable(mngr, read, n)))
+    return _mean(each), list(steps)
+
+
+@contextlib.contextmanager
+def _params_reader(workdir: str, abstract_params):
+  """(manager, read): read(step) gives a checkpoint's parameters as host arrays, nothing else
+  of its train state. FileNotFoundError when there is no checkpoint."""
   mngr = manager(workdir, read_only=True)
-  available = list(mngr.all_steps())
-  if not available:
-    raise FileNotFoundError(f"{checkpoint_dir(workdir)}: no checkpoint; train first "
-                            f"(python train.py --workdir={workdir})")
-
-  def read(step):
-    restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item={"params": abstract_params},
-        restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                  {"params": abstract_params}),
-        partial_restore=True)))
-    return restored.state["params"]
-
   try:
-    if newest:
-      steps, each = zip(*reversed(newest_readable(mngr, read, newest)))
-    else:
-      steps = steps or [max(available)]
-      missing = sorted(set(steps) - set(available))
-      if missing:
-        raise ValueError(f"{checkpoint_dir(workdir)}: no checkpoint for steps {missing} "
-                         f"(available: {sorted(available)})")
-      each = [read(step) for step in steps]
+    if not mngr.all_steps():
+      raise FileNotFoundError(f"{checkpoint_dir(workdir)}: no checkpoint; train first "
+                              f"(python train.py --workdir={workdir})")
+
+    def read(step):
+      restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+          item={"params": abstract_params},
+          restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                    {"params": abstract_params}),
+          partial_restore=True)))
+      return restored.state["params"]
+
+    yield mngr, read
   finally:
     mngr.close()
-  total = functools.reduce(lambda a, b: jax.tree.map(np.add, a, b), each)
-  params = jax.tree.map(lambda x: (x / len(steps)).astype(np.float32), total)
-  return (params, list(steps)) if newest else params
+
+
+def _mean(trees):
+  total = functools.reduce(lambda a, b: jax.tree.map(np.add, a, b), trees)
+  return jax.tree.map(lambda x: (x / len(trees)).astype(np.float32), total)
 
 
 def last_steps(workdir: str, n: int) -> list[int]:

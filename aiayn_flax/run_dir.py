@@ -30,11 +30,7 @@ def load_model_and_params(workdir: str, config, average_last: int = 1):
   that can be read (6.1); an unreadable one is skipped with a warning naming it."""
   model = train_step.make_model(config)
   abstract = jax.eval_shape(lambda: train_step.init_params(model, 0))
-  steps = checkpoints.last_steps(workdir, average_last)
-  if len(steps) < average_last:
-    raise ValueError(f"{checkpoints.checkpoint_dir(workdir)} holds {len(steps)} checkpoints, "
-                     f"fewer than --average_last={average_last}")
-  params, steps = checkpoints.load_params(workdir, abstract, newest=average_last)
+  params, steps = checkpoints.load_newest_params(workdir, abstract, average_last)
   return model, jax.tree.map(jnp.asarray, params), steps
 
 

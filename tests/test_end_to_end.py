@@ -51,6 +51,18 @@ def test_averaging_checkpoints_gives_the_elementwise_mean(toy_run):
     np.testing.assert_allclose(m, (a + b) / 2, rtol=1e-6, atol=1e-7)
 
 
+def test_averaging_more_checkpoints_than_the_run_holds_is_refused(toy_run):
+  config, workdir, _ = toy_run
+  model = trainer.train_step.make_model(config)
+  abstract = checkpoints.abstract_of(trainer.train_step.create_train_state(config, model).params)
+  held = len(checkpoints.last_steps(workdir, 100))
+  params, steps = checkpoints.load_newest_params(workdir, abstract, held)
+  assert steps == checkpoints.last_steps(workdir, held)
+  with pytest.raises(ValueError, match=f"holds {held} checkpoints, fewer than --average_last="
+                                       f"{held + 1}$"):
+    checkpoints.load_newest_params(workdir, abstract, held + 1)
+
+
 def test_second_run_in_the_same_workdir_continues_from_the_last_step(toy_run, tmp_path):
   config, workdir, _ = toy_run
   import shutil

@@ -3,19 +3,17 @@
 collectives the mesh implies; a run that cannot fit stops with one line; "auto" precision.
 
 The GPU topologies need jax on its CPU backend from the start (with the CUDA plugin installed
-and no GPU, a default backend start fails the plugin and drops its topology): `make test`
-sets JAX_PLATFORMS=cpu; this module sets it too, for a run of this file alone."""
+and no GPU, a default backend start fails the plugin and drops its topology): conftest.py sets
+JAX_PLATFORMS=cpu before any test imports jax."""
 import os
 import subprocess
 import sys
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
-from aiayn_flax import (accelerator_targets, compiled_plan, devices, flops,  # noqa: E402
-                        train_step)
-from configs import base  # noqa: E402
+from aiayn_flax import accelerator_targets, compiled_plan, devices, flops, train_step
+from configs import base
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,6 +112,8 @@ def test_make_model_resolves_auto_for_the_device_it_builds_for():
   assert train_step.make_model(config, tpu).config.dtype == "bfloat16"
   (t4,) = accelerator_targets.topology_devices(accelerator_targets.target("gpu-t4x1"))
   assert train_step.make_model(config, t4).config.dtype == "float32"
+  (l4,) = accelerator_targets.topology_devices(accelerator_targets.target("gpu-l4x1"))
+  assert train_step.make_model(config, l4).config.dtype == "bfloat16"
   config.model.dtype = "float32"
   assert train_step.make_model(config, tpu).config.dtype == "float32"
   assert jax.devices()[0].platform == "cpu"  # the targets claimed no device here

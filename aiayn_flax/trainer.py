@@ -189,6 +189,8 @@ def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shard
   The batch list depends on the number of data shards (a batch's rows are a multiple of it),
   so the saved data position means something else on another count: that resume is refused
   (--force_resume continues anyway, from the same position of a different batch list)."""
+  # The small metadata first: a checkpoint of another config (other shapes) is refused in one
+  # line naming the keys, before orbax would fail on its arrays' shapes.
   newest_meta = checkpoints.newest_readable(mngr, lambda step: checkpoints.restore_meta(mngr, step))
   if not newest_meta:
     return state, bucketing.BatchPosition()
@@ -252,9 +254,6 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   state, position = restore_or_init(config, workdir, mngr, state, force_resume, data_shards)
 
   programs = training_programs(config, model, mesh, state_sharding)
-  step_fn, steps_fn, accumulate_fn, apply_fn, eval_fn = (
-      programs.step_fn, programs.steps_fn, programs.accumulate_fn, programs.apply_fn,
-      programs.eval_fn)
   rng = train_step.dropout_key(config.seed)
   num_bleu = config.eval_bleu_sentences or (
       config.dataset.toy_eval_examples if config.dataset.name == "toy_reverse" else 0)
@@ -272,11 +271,11 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
     writer.write_hparams({"config": config.to_json_best_effort(sort_keys=True)})
     logging.info("TensorBoard: tensorboard --logdir %s", os.path.abspath(workdir))
 
+  run_meta = {"data_shards": data_shards, "config": config_dict(config),
+              "versions": provenance.software_versions()}
+
   def save(step):
-    checkpoints.save(mngr, step, state, {"position": position.__dict__,
-                                         "data_shards": data_shards,
-                                         "config": config_dict(config),
-                                         "versions": provenance.software_versions()})
+    checkpoints.save(mngr, step, state, {"position": position.__dict__} | run_meta)
 
   step = start_step = int(state.step)
   progress = Progress(step, config.num_train_steps)
@@ -291,25 +290,25 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
         position = run[-1][0]
         progress.tokens += sum(real_tokens(batch) for _, batch in run)
         stacked = stack_batches([batch for _, batch in run], steps_per_call)
-        state, metrics = steps_fn(state, sharding.put_batch(stacked, stacked_batch_sharding),
-                                  len(run), rng)
+        state, metrics = programs.steps_fn(
+            state, sharding.put_batch(stacked, stacked_batch_sharding), len(run), rng)
         step += len(run)
       elif accumulation == 1:
         position, batch = next(batches)
         progress.tokens += real_tokens(batch)
-        state, metrics = step_fn(state, sharding.put_batch(batch, batch_sharding), rng)
+        state, metrics = programs.step_fn(state, sharding.put_batch(batch, batch_sharding), rng)
         step += 1
       else:  # sum gradients over micro-batches, then one update per real target token
         accumulated = None
         for micro_step in range(accumulation):
           position, batch = next(batches)
           progress.tokens += real_tokens(batch)
-          accumulated = accumulate_fn(accumulated, state.params,
-                                      sharding.put_batch(batch, batch_sharding), rng, state.step,
-                                      micro_step)
+          accumulated = programs.accumulate_fn(
+              accumulated, state.params, sharding.put_batch(batch, batch_sharding), rng,
+              state.step, micro_step)
           if wait_each_step:
             jax.block_until_ready(accumulated)
-        state, metrics = apply_fn(state, *accumulated)
+        state, metrics = programs.apply_fn(state, *accumulated)
         step += 1
       if wait_each_step:
         jax.block_until_ready(state)
@@ -337,7 +336,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
 
       if step % config.eval_every_steps == 0 or last:
         evaluation = {f"valid/{k}": v for k, v in evaluate_loss(
-            eval_fn, state.params, eval_batches, batch_sharding).items()}
+            programs.eval_fn, state.params, eval_batches, batch_sharding).items()}
         if num_bleu:
           evaluation |= {f"valid/{k}": v for k, v in evaluate_translations(
               translator, state.params, bleu_sources, bleu_references).items()}

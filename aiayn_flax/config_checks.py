@@ -45,5 +45,7 @@ def check_config(config) -> None:
          dataset.bucket_min_length, f"must be in [1, dataset.max_length={dataset.max_length}]")
   _check(dataset.bucket_growth > 1, "dataset.bucket_growth", dataset.bucket_growth,
          "must be > 1")
+  _check(0 < dataset.vocab_character_coverage <= 1, "dataset.vocab_character_coverage",
+         dataset.vocab_character_coverage, "must be in (0, 1]")
   _check(dataset.bucket_quantum >= 1, "dataset.bucket_quantum", dataset.bucket_quantum,
          "must be a positive integer")

@@ -28,6 +28,8 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
 # Fields that earlier versions saved and that no longer exist (they were never read): a run
 # that saved them resumes without a conflict.
 REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer"})
+# Fields added since, with the value that runs saved before them had in effect.
+ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0}
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -43,7 +45,7 @@ def resume_conflicts(saved: dict, current: dict, prefix: str = "") -> list[str]:
   conflicts = []
   for key in sorted(set(saved) | set(current)):
     name = prefix + key
-    old, new = saved.get(key), current.get(key)
+    old, new = saved.get(key, ADDED_FIELDS.get(name)), current.get(key)
     if isinstance(old, dict) and isinstance(new, dict):
       conflicts += resume_conflicts(old, new, name + ".")
     elif old != new and name not in SAFE_TO_CHANGE_ON_RESUME | REMOVED_FIELDS:

@@ -51,12 +51,16 @@ def test_the_check_sees_an_unread_field(source_text):
       if not read_patterns(f.rsplit(".", 1)[-1]).search(source_text)]
 
 
-def test_a_run_saved_with_removed_fields_resumes_without_conflict():
+def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_value():
   from aiayn_flax import trainer
   current = trainer.config_dict(toy.get_config())
   saved = {**current, "weight_decay": 0.0,
            "dataset": {**current["dataset"], "shuffle_buffer": 1000}}
   assert trainer.resume_conflicts(saved, current) == []
+  del saved["dataset"]["vocab_character_coverage"]  # saved before the field existed: 1.0
+  assert trainer.resume_conflicts(saved, current) == [
+      "dataset.vocab_character_coverage: 1.0 -> 0.9995"]
+  saved["dataset"]["vocab_character_coverage"] = 0.9995
   saved["dataset"]["max_length"] += 1
   assert trainer.resume_conflicts(saved, current) == [
       f"dataset.max_length: {current['dataset']['max_length'] + 1} -> "

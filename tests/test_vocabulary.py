@@ -1,4 +1,5 @@
 """The shared SentencePiece vocabulary, trained on the real Multi30k training data."""
+import collections
 import os
 import pathlib
 
@@ -95,3 +96,20 @@ def test_load_vocabulary_refuses_other_special_ids(train_lines, tmp_path):
                                    vocab_size=500, minloglevel=2)
   with pytest.raises(ValueError, match="special ids"):
     vocabulary.load_vocabulary(str(model_path))
+
+
+def test_character_coverage_spells_the_rarest_characters_in_bytes(train_lines, tmp_path):
+  lines = train_lines[:20000]
+  counts = collections.Counter("".join(lines))
+  rare = sorted(c for c, n in counts.items() if n == 1)
+  assert rare  # Multi30k's captions hold a few characters seen once
+  full, partial = (
+      spm.SentencePieceProcessor(model_file=vocabulary.train_vocabulary(
+          lines, str(tmp_path / f"{coverage}.model"), 2000,
+          character_coverage=coverage).model_path)
+      for coverage in (1.0, 0.9995))
+  for character in rare:
+    assert full.piece_to_id(character) != full.unk_id()  # a piece of its own
+    assert partial.piece_to_id(character) == partial.unk_id()  # none: spelled in bytes
+    assert all(piece.startswith("<0x") for piece in partial.encode(character, out_type=str)[1:])
+  assert partial.decode(partial.encode(lines)) == lines

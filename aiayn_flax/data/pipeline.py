@@ -118,8 +118,9 @@ def vocabulary_for(config, workdir: str):
     logging.info("Training a %d-piece %s vocabulary on %d sentences", config.model.vocab_size,
                  config.dataset.vocab_model_type, len(sentences))
     os.makedirs(workdir, exist_ok=True)
-    vocab = vocabulary.train_vocabulary(sentences, path, config.model.vocab_size,
-                                        config.dataset.vocab_model_type)
+    vocab = vocabulary.train_vocabulary(
+        sentences, path, config.model.vocab_size, config.dataset.vocab_model_type,
+        character_coverage=config.dataset.vocab_character_coverage)
   if vocab.vocab_size != config.model.vocab_size:
     raise ValueError(f"{path} has {vocab.vocab_size} pieces but config.model.vocab_size is "
                      f"{config.model.vocab_size}; use a fresh workdir or set the config to match")

@@ -118,12 +118,15 @@ def train_vocabulary(
     vocab_size: int,
     model_type: str = "unigram",
     byte_fallback: bool = True,
+    character_coverage: float = 1.0,
 ) -> Vocabulary:
   """Trains a vocabulary on sentences (all languages together), writes it to model_path.
 
   Training is deterministic: the same sentences give a byte-identical model file. With
   byte_fallback, characters unseen in training become UTF-8 byte pieces instead of UNK, so
-  every text round-trips (256 of the vocab_size pieces are bytes).
+  every text round-trips (256 of the vocab_size pieces are bytes). A character_coverage below 1
+  leaves the rarest characters (that fraction of the character occurrences) out of the pieces:
+  they are spelled in bytes, and their slots go to frequent subwords.
   """
   logging.info("SentencePiece: training a %d-piece %s model for %s", vocab_size, model_type,
                model_path)
@@ -133,7 +136,7 @@ def train_vocabulary(
       model_writer=model,
       vocab_size=vocab_size,
       model_type=model_type,
-      character_coverage=1.0,
+      character_coverage=character_coverage,
       pad_id=PAD_ID,
       eos_id=EOS_ID,
       unk_id=UNK_ID,

@@ -14,6 +14,8 @@ def check_config(config) -> None:
               "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints",
               "average_last_checkpoints", "beam_size", "decode_batch_size", "steps_per_call"):
     _check(config[key] >= 1, key, config[key], "must be a positive integer")
+  _check(config.prefetch_batches >= 0, "prefetch_batches", config.prefetch_batches,
+         "must be 0 (no prefetching) or positive")
   _check(config.micro_batch_tokens_per_device >= 0, "micro_batch_tokens_per_device",
          config.micro_batch_tokens_per_device, "must be 0 (no limit) or positive")
   _check(config.learning_rate_scale > 0, "learning_rate_scale", config.learning_rate_scale,

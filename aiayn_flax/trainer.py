@@ -1,4 +1,5 @@
 """The training loop: config -> data -> model -> state -> loop, each step a named function."""
+import contextlib
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ from jax.experimental import multihost_utils
 
 from aiayn_flax import (checkpoints, config_checks, provenance, scoring, sharding,
                         train_step)
-from aiayn_flax.data import bucketing, pipeline
+from aiayn_flax.data import bucketing, pipeline, prefetch
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
 
@@ -24,7 +25,7 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "keep_checkpoints", "eval_bleu_sentences", "beam_size", "length_penalty_alpha",
     "decode_extra_length", "decode_batch_size", "average_last_checkpoints",
     "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
-    "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split"})
+    "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches"})
 # Fields that earlier versions saved and that no longer exist (they were never read): a run
 # that saved them resumes without a conflict.
 REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer"})
@@ -282,10 +283,10 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   step = start_step = int(state.step)
   progress = Progress(step, config.num_train_steps)
   sums, summary = None, {}
-  batches = train_batches.iterate(position)
-  runs = RunsOfOneShape(batches)
   stopped_by = None
-  with stop_signals() as signals:
+  with stop_signals() as signals, contextlib.closing(prefetch.prefetched(
+      train_batches.iterate(position), config.prefetch_batches)) as batches:
+    runs = RunsOfOneShape(batches)
     while step < config.num_train_steps:
       if steps_per_call > 1:  # up to steps_per_call steps of one shape, stopping at events
         run = runs.take(min(steps_per_call, steps_to_next_event(step, config)))

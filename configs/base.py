@@ -130,6 +130,9 @@ def get_config(row: str = ""):
   # order, and the quick start trained that way scored lower (docs/PERFORMANCE.md). 1 keeps
   # the plain shuffle.
   c.steps_per_call = 1
+  # Training batches assembled ahead on a background thread (0: on the training thread); the
+  # same batches either way (bench/input_pipeline.py measures the assembly).
+  c.prefetch_batches = 2
 
   # Planning only (train.py --dry_run, python -m aiayn_flax.dry_run --table; docs/SCALE.md):
   # the hardware the plan is for and the model FLOPs utilisation assumed for its step time.

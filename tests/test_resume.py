@@ -59,8 +59,11 @@ def uninterrupted(tmp_path_factory):
   return finish(start_training(tmp_path_factory.mktemp("uninterrupted")))
 
 
-def test_same_config_and_seed_give_identical_parameters(uninterrupted, tmp_path):
-  assert finish(start_training(tmp_path))[0] == uninterrupted[0]
+def test_same_config_and_seed_give_identical_parameters_with_or_without_prefetching(
+    uninterrupted, tmp_path):
+  assert toy.get_config().prefetch_batches > 0  # the uninterrupted run prefetched
+  digest, losses = finish(start_training(tmp_path, "--config.prefetch_batches=0"))
+  assert digest == uninterrupted[0] and losses == uninterrupted[1]
 
 
 def test_sigkill_between_checkpoints_then_restart_is_exact(uninterrupted, tmp_path):

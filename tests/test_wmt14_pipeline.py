@@ -13,6 +13,7 @@ import tensorflow_datasets as tfds
 
 from aiayn_flax import devices, dry_run, flops
 from aiayn_flax.data import pipeline
+from aiayn_flax.data.ragged import EMPTY_ROW, RaggedIds
 from configs import base, big, big_enfr
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -131,7 +132,7 @@ def test_tokenized_splits_are_cached_beside_the_vocabulary(mocked_wmt14, tmp_pat
 
 
 def test_ragged_ids_read_like_a_list_of_arrays():
-  ragged = pipeline.RaggedIds(np.arange(10, dtype=np.uint16), np.array([0, 3, 3, 7, 10]))
+  ragged = RaggedIds(np.arange(10, dtype=np.uint16), np.array([0, 3, 3, 7, 10]))
   as_list = [np.arange(0, 3), np.arange(3, 3), np.arange(3, 7), np.arange(7, 10)]
   assert len(ragged) == 4
   for got, expected in zip(ragged, as_list):
@@ -141,6 +142,10 @@ def test_ragged_ids_read_like_a_list_of_arrays():
   np.testing.assert_array_equal(ragged.lengths(), [3, 0, 4, 3])
   with pytest.raises(IndexError):
     ragged[4]
+  np.testing.assert_array_equal(ragged.padded_rows(np.array([2, EMPTY_ROW, 1, 0]), 5, pad_id=99),
+                                [[3, 4, 5, 6, 99], [99] * 5, [99] * 5, [0, 1, 2, 99, 99]])
+  with pytest.raises(ValueError, match="a sequence of 4 tokens does not fit rows of 3"):
+    ragged.padded_rows(np.array([2]), 3, pad_id=0)
 
 
 def test_big_enfr_is_big_with_the_papers_enfr_changes():

@@ -14,13 +14,13 @@ uninterrupted run would have seen (`BatchPosition`).
 """
 import dataclasses
 import math
-from typing import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from aiayn_flax.data import ragged
+from aiayn_flax.data.ragged import EMPTY_ROW
 from aiayn_flax.data.vocabulary import PAD_ID
-
-EMPTY_ROW = -1  # index of a padding row in a batch's index array
 
 
 def bucket_boundaries(min_length: int, max_length: int, growth: float,
@@ -84,28 +84,18 @@ def epoch_batches(lengths: np.ndarray, boundaries: list[int], tokens_per_batch: 
   return [batch for run in runs for batch in run]
 
 
-def pad_rows(sequences: list[np.ndarray], indices: np.ndarray, length: int) -> np.ndarray:
-  """[len(indices), length] int32: row i holds sequences[indices[i]] then PAD (or only PAD)."""
-  out = np.full((len(indices), length), PAD_ID, dtype=np.int32)
-  for row, i in enumerate(indices):
-    if i != EMPTY_ROW:
-      seq = sequences[i]
-      out[row, :len(seq)] = seq
-  return out
-
-
 class TokenBucketedBatches:
   """Endless, resumable stream of {"inputs": [B, L], "targets": [B, L]} int32 batches."""
 
-  def __init__(self, sources: list[np.ndarray], targets: list[np.ndarray], boundaries: list[int],
-               tokens_per_batch: int, batch_multiple: int = 1, seed: int = 0,
-               shuffle: bool = True, group: int = 1):
+  def __init__(self, sources: Sequence[np.ndarray], targets: Sequence[np.ndarray],
+               boundaries: list[int], tokens_per_batch: int, batch_multiple: int = 1,
+               seed: int = 0, shuffle: bool = True, group: int = 1):
     if len(sources) != len(targets):
       raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
-    if not sources:
+    if not len(sources):
       raise ValueError("no training examples")
-    self.sources, self.targets = sources, targets
-    self.lengths = np.array([max(len(s), len(t)) for s, t in zip(sources, targets)])
+    self.sources, self.targets = ragged.from_sequences(sources), ragged.from_sequences(targets)
+    self.lengths = np.maximum(self.sources.lengths(), self.targets.lengths())
     if self.lengths.max() > boundaries[-1]:
       raise ValueError(f"an example has {self.lengths.max()} tokens, more than the largest "
                        f"bucket ({boundaries[-1]}); filter long examples first")
@@ -121,8 +111,8 @@ class TokenBucketedBatches:
                          self.batch_multiple, self.seed, epoch, self.shuffle, self.group)
 
   def batch(self, boundary: int, indices: np.ndarray) -> dict[str, np.ndarray]:
-    return {"inputs": pad_rows(self.sources, indices, boundary),
-            "targets": pad_rows(self.targets, indices, boundary)}
+    return {"inputs": self.sources.padded_rows(indices, boundary, PAD_ID),
+            "targets": self.targets.padded_rows(indices, boundary, PAD_ID)}
 
   def iterate(self, start: BatchPosition = BatchPosition(),
               num_epochs: int | None = None) -> Iterator[tuple[BatchPosition, dict]]:
@@ -138,6 +128,6 @@ class TokenBucketedBatches:
 
   def padding_fraction(self) -> float:
     """Share of padded positions (both sides) in one epoch's batches."""
-    real = sum(len(s) + len(t) for s, t in zip(self.sources, self.targets))
+    real = self.sources.lengths().sum() + self.targets.lengths().sum()
     total = sum(2 * boundary * len(indices) for boundary, indices in self.epoch(0))
     return 1.0 - real / total

@@ -11,12 +11,10 @@ are cached beside the vocabulary (WORKDIR/tokenized/*.npz: token ids + offsets),
 vocabulary file, the dataset, the split and max_length, so that later runs and restarts skip
 tokenization.
 """
-import collections.abc
 import dataclasses
 import hashlib
 import itertools
 import json
-import operator
 import os
 import re
 import tempfile
@@ -26,7 +24,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from aiayn_flax.data import bucketing, toy, vocabulary
+from aiayn_flax.data import bucketing, ragged, toy, vocabulary
+from aiayn_flax.data.ragged import RaggedIds
 
 VOCAB_FILENAME = "vocab.model"
 TOKENIZED_DIRNAME = "tokenized"
@@ -182,49 +181,6 @@ def _smallest_keys(keys, positions, kept, size):
   return [keys[best]], [positions[best]], [kept[i] for i in best], keys[best].max()
 
 
-class RaggedIds(collections.abc.Sequence):
-  """Token-id sequences in one flat array: sequence i is flat[offsets[i]:offsets[i + 1]].
-
-  A sequence of numpy arrays (views) to its readers, at a fraction of the memory of a list of
-  arrays for millions of sentences; also the form the tokenized cache is stored in.
-  """
-
-  def __init__(self, flat: np.ndarray, offsets: np.ndarray):
-    self.flat, self.offsets = flat, offsets
-
-  def __len__(self) -> int:
-    return len(self.offsets) - 1
-
-  def __getitem__(self, index):
-    if isinstance(index, slice):
-      start, stop, step = index.indices(len(self))
-      if step != 1:
-        raise ValueError("RaggedIds slices must have step 1")
-      return RaggedIds(self.flat, self.offsets[start:max(start, stop) + 1])
-    i = operator.index(index)
-    if i < 0:
-      i += len(self)
-    if not 0 <= i < len(self):
-      raise IndexError(f"index {index} out of range for {len(self)} sequences")
-    return self.flat[self.offsets[i]:self.offsets[i + 1]]
-
-  def __iter__(self) -> Iterator[np.ndarray]:
-    bounds = self.offsets.tolist()
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-      yield self.flat[start:stop]
-
-  def lengths(self) -> np.ndarray:
-    return np.diff(self.offsets)
-
-
-def _ragged(flat_parts: list[np.ndarray], length_parts: list[np.ndarray], dtype) -> RaggedIds:
-  flat = np.concatenate(flat_parts) if flat_parts else np.empty(0, dtype)
-  lengths = np.concatenate(length_parts) if length_parts else np.empty(0, np.int64)
-  offsets = np.zeros(len(lengths) + 1, np.int64)
-  np.cumsum(lengths, out=offsets[1:])
-  return RaggedIds(flat, offsets)
-
-
 @dataclasses.dataclass
 class TokenizedSplit:
   sources: Sequence[np.ndarray]  # token ids ending in EOS (a RaggedIds)
@@ -261,8 +217,8 @@ def _tokenize_chunks(chunks: TextChunks, vocab, max_length: int) -> TokenizedSpl
                          dtype, int(lengths.sum()))
       flat_parts[side].append(flat)
       length_parts[side].append(lengths)
-  return TokenizedSplit(_ragged(flat_parts[0], length_parts[0], dtype),
-                        _ragged(flat_parts[1], length_parts[1], dtype),
+  return TokenizedSplit(ragged.from_parts(flat_parts[0], length_parts[0], dtype),
+                        ragged.from_parts(flat_parts[1], length_parts[1], dtype),
                         skipped_empty, skipped_long)
 
 

@@ -50,8 +50,6 @@ def test_batches_gathered_at_once_equal_rows_copied_one_by_one(tokenized_train):
   boundaries = bucketing.bucket_boundaries(8, 128, 1.1, 4)
   gathered = bucketing.TokenBucketedBatches(split.sources, split.targets, boundaries,
                                             config.tokens_per_batch, 8, seed=3)
-  from_lists = bucketing.TokenBucketedBatches(list(split.sources), list(split.targets),
-                                              boundaries, config.tokens_per_batch, 8, seed=3)
   for boundary, indices in gathered.epoch(0):
     batch = gathered.batch(boundary, indices)
     for side, sequences in (("inputs", split.sources), ("targets", split.targets)):
@@ -61,7 +59,6 @@ def test_batches_gathered_at_once_equal_rows_copied_one_by_one(tokenized_train):
           expected[row, :len(sequences[i])] = sequences[i]
       assert batch[side].dtype == np.int32
       np.testing.assert_array_equal(batch[side], expected)
-      np.testing.assert_array_equal(from_lists.batch(boundary, indices)[side], expected)
 
 
 def test_epochs_are_shuffled_differently_but_reproducibly(tokenized_train):

@@ -14,12 +14,11 @@ uninterrupted run would have seen (`BatchPosition`).
 """
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 
-from aiayn_flax.data import ragged
-from aiayn_flax.data.ragged import EMPTY_ROW
+from aiayn_flax.data.ragged import EMPTY_ROW, RaggedIds
 from aiayn_flax.data.vocabulary import PAD_ID
 
 
@@ -87,14 +86,14 @@ def epoch_batches(lengths: np.ndarray, boundaries: list[int], tokens_per_batch: 
 class TokenBucketedBatches:
   """Endless, resumable stream of {"inputs": [B, L], "targets": [B, L]} int32 batches."""
 
-  def __init__(self, sources: Sequence[np.ndarray], targets: Sequence[np.ndarray],
+  def __init__(self, sources: RaggedIds, targets: RaggedIds,
                boundaries: list[int], tokens_per_batch: int, batch_multiple: int = 1,
                seed: int = 0, shuffle: bool = True, group: int = 1):
     if len(sources) != len(targets):
       raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     if not len(sources):
       raise ValueError("no training examples")
-    self.sources, self.targets = ragged.from_sequences(sources), ragged.from_sequences(targets)
+    self.sources, self.targets = sources, targets
     self.lengths = np.maximum(self.sources.lengths(), self.targets.lengths())
     if self.lengths.max() > boundaries[-1]:
       raise ValueError(f"an example has {self.lengths.max()} tokens, more than the largest "

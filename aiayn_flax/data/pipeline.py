@@ -19,7 +19,7 @@ import os
 import re
 import tempfile
 import zipfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 from absl import logging
@@ -183,8 +183,8 @@ def _smallest_keys(keys, positions, kept, size):
 
 @dataclasses.dataclass
 class TokenizedSplit:
-  sources: Sequence[np.ndarray]  # token ids ending in EOS (a RaggedIds)
-  targets: Sequence[np.ndarray]
+  sources: RaggedIds  # token ids ending in EOS
+  targets: RaggedIds
   skipped_empty: int = 0
   skipped_long: int = 0
 

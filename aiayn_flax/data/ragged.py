@@ -2,7 +2,7 @@
 what batches are gathered from, whole rows at once."""
 import collections.abc
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -68,14 +68,3 @@ def from_parts(flat_parts: list[np.ndarray], length_parts: list[np.ndarray],
   np.cumsum(lengths, out=offsets[1:])
   return RaggedIds(flat, offsets)
 
-
-def from_sequences(sequences: Sequence[np.ndarray]) -> RaggedIds:
-  """RaggedIds of any sequence of id arrays (a RaggedIds is returned as it is)."""
-  if isinstance(sequences, RaggedIds):
-    return sequences
-  arrays = [np.asarray(s) for s in sequences]
-  dtype = np.result_type(*arrays) if arrays else np.int32
-  if not np.issubdtype(dtype, np.integer):  # only empty sequences (float64 to numpy)
-    dtype = np.int32
-  return from_parts([a.astype(dtype, copy=False) for a in arrays],
-                    [np.array([len(a) for a in arrays], np.int64)], dtype)

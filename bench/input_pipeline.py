@@ -4,11 +4,12 @@
   python bench/input_pipeline.py --config=configs/big.py
   python bench/input_pipeline.py --pairs=1000000 --batches=200
 
-The corpus: newstest2013 + newstest2014 EN-DE (../shared/data/wmt14, or $AIAYN_DATA_DIR)
-tokenized with a SentencePiece BPE vocabulary trained on them (8,000 pieces: 6,000 sentence
-pairs cannot train the 37,000 of base), then tiled to --pairs pairs (4.5M: WMT14 EN-DE's size)
-as the tokenized cache holds them (flat ids + offsets). Lengths are real newstest lengths; the
-bucketing is the config's, at its tokens_per_batch on one data shard.
+The corpus: newstest2014 EN-DE, the 3003 pairs evaluate.py scores (from $AIAYN_DATA_DIR/wmt14,
+else tfds or sacrebleu's download), tokenized as training tokenizes (ids + EOS) with a
+SentencePiece BPE vocabulary trained on it (8,000 pieces: 3,003 pairs cannot train the 37,000
+of base), then tiled to --pairs pairs (4.5M: WMT14 EN-DE's size) in the tokenized cache's form
+(flat ids + offsets). Lengths are real newstest lengths; the bucketing is the config's, at its
+tokens_per_batch on one data shard.
 
 Timed on one core (the process is pinned to CPU 0): building the batch list of an epoch
 (lengths, buckets, shuffle), then --batches batches assembled as training takes them, both with
@@ -27,27 +28,17 @@ sys.path.insert(0, REPO)
 
 import numpy as np  # noqa: E402
 
-from aiayn_flax import dry_run  # noqa: E402
-from aiayn_flax.data import bucketing, ragged, vocabulary  # noqa: E402
-from aiayn_flax.data.text_files import read_parallel_lines  # noqa: E402
+from aiayn_flax import accelerator_targets, dry_run, run_dir, trainer  # noqa: E402
+from aiayn_flax.data import bucketing, pipeline, ragged, vocabulary  # noqa: E402
 
-TARGETS = {"tpu-v4-8": ("tpu_v4", 4), "gpu-a100x8": ("a100", 8)}
+TARGETS = ("tpu-v4-8", "gpu-a100x8")
 
 
-def newstest_ids(data_dir: str, workdir: str):
-  """(sources, targets) RaggedIds of newstest2013 + 2014 EN->DE, ids + EOS."""
-  sources, targets = [], []
-  for year in (2013, 2014):
-    en, de = read_parallel_lines(os.path.join(data_dir, "wmt14", f"newstest{year}.en"),
-                                 os.path.join(data_dir, "wmt14", f"newstest{year}.de"))
-    sources += en
-    targets += de
+def newstest_ids(config, workdir: str) -> pipeline.TokenizedSplit:
+  sources, targets = run_dir.newstest2014_pairs()
   vocab = vocabulary.train_vocabulary(sources + targets, os.path.join(workdir, "bench.model"),
                                       8000, "bpe", character_coverage=0.9995)
-  eos = [vocabulary.EOS_ID]
-  return (ragged.from_sequences([np.array(ids + eos, np.uint16)
-                                 for ids in vocab.encode_batch(side)])
-          for side in (sources, targets))
+  return pipeline.tokenize_for_training(sources, targets, vocab, config.dataset.max_length)
 
 
 def tiled(ids: ragged.RaggedIds, pairs: int) -> ragged.RaggedIds:
@@ -73,8 +64,6 @@ def main():
   parser.add_argument("--config", default="configs/base.py")
   parser.add_argument("--pairs", type=int, default=4_500_000)
   parser.add_argument("--batches", type=int, default=500)
-  parser.add_argument("--data_dir", default=os.environ.get("AIAYN_DATA_DIR")
-                      or os.path.join(os.path.dirname(REPO), "shared", "data"))
   parser.add_argument("--workdir", default="/tmp/aiayn_bench_input_pipeline")
   args = parser.parse_args()
   os.sched_setaffinity(0, {0})
@@ -82,12 +71,10 @@ def main():
 
   config = importlib.import_module(
       "configs." + os.path.splitext(os.path.basename(args.config))[0]).get_config()
-  sources, targets = newstest_ids(args.data_dir, args.workdir)
-  keep = np.maximum(sources.lengths(), targets.lengths()) <= config.dataset.max_length
-  assert keep.all(), "a newstest pair is longer than max_length"
-  sources, targets = tiled(sources, args.pairs), tiled(targets, args.pairs)
+  newstest = newstest_ids(config, args.workdir)
+  sources, targets = tiled(newstest.sources, args.pairs), tiled(newstest.targets, args.pairs)
   print(f"corpus: {len(sources)} pairs, {sources.lengths().sum() + targets.lengths().sum()} "
-        "tokens (newstest2013+2014 tiled)")
+        f"tokens (newstest2014 tiled; {newstest.skipped_long} pairs over max_length left out)")
 
   dataset = config.dataset
   boundaries = bucketing.bucket_boundaries(dataset.bucket_min_length, dataset.max_length,
@@ -101,11 +88,11 @@ def main():
 
   taken = epoch[:args.batches]
   start = time.perf_counter()
-  real = np.zeros(2)
-  padded = 0
+  real_sources = real = padded = 0
   for boundary, indices in taken:
     batch = batches.batch(boundary, indices)
-    real += [np.count_nonzero(batch["inputs"]), np.count_nonzero(batch["targets"])]
+    real += trainer.real_tokens(batch)
+    real_sources += np.count_nonzero(batch["inputs"])
     padded += 2 * batch["inputs"].size
   gathered_s = time.perf_counter() - start
   start = time.perf_counter()
@@ -115,15 +102,16 @@ def main():
   loop_s = time.perf_counter() - start
 
   rate = len(taken) / gathered_s
-  mean_source, mean_target = real / len(taken)
-  padding = 100 * (1 - real.sum() / padded)
-  print(f"gathered at once: {rate:.1f} batches/s, {real.sum() / gathered_s:.3g} real tokens/s; "
+  mean_source, mean_target = real_sources / len(taken), (real - real_sources) / len(taken)
+  padding = 100 * (1 - real / padded)
+  print(f"gathered at once: {rate:.1f} batches/s, {real / gathered_s:.3g} real tokens/s; "
         f"one row at a time: {len(taken) / loop_s:.1f} batches/s ({loop_s / gathered_s:.1f}x "
         "slower)")
   planned = {}
-  for target, (device, count) in TARGETS.items():
+  for target in TARGETS:
     planned_config = config.copy_and_resolve_references()
-    planned_config.device, planned_config.num_devices = device, count
+    named = accelerator_targets.target(target)
+    planned_config.device, planned_config.num_devices = named.kind, named.num_devices
     planned[target] = 1 / dry_run.plan(planned_config)["step_time_s"]
     print(f"planned consumption on {target}: {planned[target]:.2f} steps/s "
           f"({rate / planned[target]:.1f}x covered)")

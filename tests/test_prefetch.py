@@ -1,6 +1,7 @@
 """Batches prefetched on a background thread: same items, same order, errors where they
 happened, a bounded lead, and no thread left behind."""
 import threading
+import time
 
 import pytest
 
@@ -38,8 +39,10 @@ def test_the_producer_stays_at_most_depth_items_ahead_and_stops_when_closed():
       yield produced[-1]
   batches = prefetch.prefetched(endless(), 2)
   assert next(batches) == 0
-  for _ in range(50):  # give the producer time to run ahead as far as it may
-    threading.Event().wait(0.01)
+  deadline = time.monotonic() + 60
+  while len(produced) < 1 + 2 and time.monotonic() < deadline:  # it runs ahead...
+    time.sleep(0.01)
+  time.sleep(0.2)  # ...and would go on, were it not bounded
   # one taken, two waiting in the queue, one more built and waiting for room
   assert 1 + 2 <= len(produced) <= 1 + 2 + 1
   batches.close()

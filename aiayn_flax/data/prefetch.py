@@ -1,9 +1,9 @@
 """Training batches assembled ahead of the training loop, on a background thread.
 
 numpy's gathers release the GIL, so the next batches are built while the training thread
-dispatches steps and the accelerator runs them; `jax.device_put` of a ready batch is
-asynchronous, so its transfer starts while the previous step still runs. Items keep their
-order, so a run sees the same batches with and without prefetching.
+dispatches steps. (Whether the host-to-device copy of a ready batch then overlaps the previous
+step on a TPU or GPU is up to JAX's asynchronous dispatch; it has not been measured on one.)
+Items keep their order, so a run sees the same batches with and without prefetching.
 """
 import queue
 import threading

@@ -37,12 +37,16 @@ FLAGS = flags.FLAGS
 
 
 def write_outputs(output_dir: str, name: str, hypotheses, scores) -> None:
-  os.makedirs(output_dir, exist_ok=True)
+  """NAME.hyp (one translation per line) and NAME.json in output_dir, a local folder or a
+  Cloud Storage URL (the default, WORKDIR/eval, is one when the workdir is)."""
+  from etils import epath
+  directory = epath.Path(output_dir)
+  directory.mkdir(parents=True, exist_ok=True)
   if hypotheses is not None:
-    with open(os.path.join(output_dir, f"{name}.hyp"), "w", encoding="utf-8") as f:
-      f.writelines(h + "\n" for h in hypotheses)
-  with open(os.path.join(output_dir, f"{name}.json"), "w", encoding="utf-8") as f:
-    json.dump(scores, f, indent=2, ensure_ascii=False)
+    (directory / f"{name}.hyp").write_text("".join(h + "\n" for h in hypotheses),
+                                           encoding="utf-8")
+  (directory / f"{name}.json").write_text(json.dumps(scores, indent=2, ensure_ascii=False),
+                                          encoding="utf-8")
   logging.info("wrote %s.json%s in %s", name, " and .hyp" if hypotheses is not None else "",
                output_dir)
 
@@ -58,7 +62,7 @@ def score_existing_translation() -> None:
 
 
 def translate_and_score() -> None:
-  from aiayn_flax import provenance, run_dir, scoring
+  from aiayn_flax import paths, provenance, run_dir, scoring
   from aiayn_flax.data import text_files
   from aiayn_flax.translator import Translator
   config = run_dir.load_config(FLAGS.workdir)
@@ -92,8 +96,8 @@ def translate_and_score() -> None:
              "versions": provenance.software_versions()}
   print(scoring.format_scores(scores))
   suffix = f"beam{beam_size}_avg{len(steps)}_step{steps[-1]}"
-  write_outputs(FLAGS.output_dir or os.path.join(FLAGS.workdir, "eval"), f"{name}.{suffix}",
-                hypotheses, scores)
+  output_dir = FLAGS.output_dir or str(paths.workdir_path(FLAGS.workdir) / "eval")
+  write_outputs(output_dir, f"{name}.{suffix}", hypotheses, scores)
 
 
 def main(argv):

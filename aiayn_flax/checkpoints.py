@@ -1,12 +1,14 @@
 """Orbax checkpoints of everything a resume needs, and checkpoint averaging (section 6.1)."""
 import contextlib
 import functools
-import os
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
+
+from aiayn_flax import paths
 
 CHECKPOINT_DIR = "checkpoints"
 # Where training moves a checkpoint it cannot read (never deleted), so that the run can save
@@ -14,8 +16,8 @@ CHECKPOINT_DIR = "checkpoints"
 UNREADABLE_DIR = "unreadable_checkpoints"
 
 
-def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+def checkpoint_dir(workdir: str) -> epath.Path:
+  return paths.workdir_path(workdir) / CHECKPOINT_DIR
 
 
 def manager(workdir: str, keep: int | None = None, read_only: bool = False,
@@ -76,10 +78,13 @@ def newest_readable(mngr: ocp.CheckpointManager, read, limit: int = 1) -> list[t
 def set_aside(mngr: ocp.CheckpointManager, workdir: str, steps: list[int]) -> None:
   """Moves the given steps' checkpoints to workdir/unreadable_checkpoints/ (kept for
   inspection), so that training can write those steps again."""
-  aside = os.path.join(os.path.abspath(workdir), UNREADABLE_DIR)
-  os.makedirs(aside, exist_ok=True)
+  aside = paths.workdir_path(workdir) / UNREADABLE_DIR
+  # A file in it makes the folder exist on Cloud Storage too, where a rename needs one.
+  aside.mkdir(parents=True, exist_ok=True)
+  (aside / "README.txt").write_text(
+      "Checkpoints that training could not read, moved here and never deleted.\n")
   for step in steps:
-    os.replace(os.path.join(str(mngr.directory), str(step)), os.path.join(aside, str(step)))
+    (epath.Path(mngr.directory) / str(step)).rename(aside / str(step))
     logging.warning("moved the unreadable checkpoint of step %d to %s", step, aside)
   mngr.reload()
 

@@ -25,6 +25,11 @@ def read_scalars(workdir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """
   from tensorboard.backend.event_processing import event_accumulator
   from tensorboard.util import tensor_util
+  if "://" in workdir:  # the event files are read with the local file system's glob
+    raise FileNotFoundError(
+        f"--workdir={workdir}: plot reads a local folder; copy the event files first "
+        f"(gcloud storage cp '{workdir.rstrip('/')}/{EVENT_FILE_PATTERN}' DIR) or run "
+        f"tensorboard --logdir {workdir}")
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"--workdir={workdir}: no such directory")
   if not glob.glob(os.path.join(workdir, EVENT_FILE_PATTERN)):

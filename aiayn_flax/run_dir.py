@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aiayn_flax import checkpoints, train_step
+from aiayn_flax import checkpoints, paths, train_step
 from aiayn_flax.data import pipeline
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The config the run was trained with, as saved in its latest checkpoint."""
-  if not os.path.isdir(workdir):
+  if not paths.workdir_path(workdir).is_dir():
     raise FileNotFoundError(f"--workdir={workdir}: no such directory")
   mngr = checkpoints.manager(workdir, read_only=True)
   try:
@@ -35,8 +35,8 @@ def load_model_and_params(workdir: str, config, average_last: int = 1):
 
 
 def load_vocabulary(workdir: str, config):
-  path = os.path.join(workdir, pipeline.VOCAB_FILENAME)
-  if config.dataset.name != "toy_reverse" and not os.path.exists(path):
+  path = paths.workdir_path(workdir) / pipeline.VOCAB_FILENAME
+  if config.dataset.name != "toy_reverse" and not path.exists():
     raise FileNotFoundError(f"{path}: the run's vocabulary is missing")
   return pipeline.vocabulary_for(config, workdir)
 

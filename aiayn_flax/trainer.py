@@ -10,9 +10,10 @@ import jax
 import numpy as np
 from absl import logging
 from clu import metric_writers
+from etils import epath
 from jax.experimental import multihost_utils
 
-from aiayn_flax import (checkpoints, config_checks, provenance, scoring, sharding,
+from aiayn_flax import (checkpoints, config_checks, paths, provenance, scoring, sharding,
                         train_step)
 from aiayn_flax.data import bucketing, pipeline, prefetch
 from aiayn_flax.programs import training_programs
@@ -219,7 +220,8 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   """Trains `config` in `workdir`, resuming from its latest checkpoint. Returns final metrics,
   with the final parameters' digest."""
   config_checks.check_config(config)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = str(paths.workdir_path(workdir))  # a local folder or gs://bucket/run
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh)
   batch_sharding = sharding.batch_sharding(mesh)
   stacked_batch_sharding = sharding.stacked_batch_sharding(mesh)
@@ -272,7 +274,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
   if jax.process_index() == 0:
     writer.write_hparams({"config": config.to_json_best_effort(sort_keys=True)})
-    logging.info("TensorBoard: tensorboard --logdir %s", os.path.abspath(workdir))
+    logging.info("TensorBoard: tensorboard --logdir %s", workdir)
 
   run_meta = {"data_shards": data_shards, "config": config_dict(config),
               "versions": provenance.software_versions()}

@@ -154,3 +154,10 @@ def test_plot_command_without_metrics_says_so(tmp_path):
   result = run_script("-m", "aiayn_flax.plot", f"--workdir={tmp_path}")
   assert result.returncode != 0
   assert "no TensorBoard event files" in result.stderr.strip().splitlines()[-1]
+
+
+def test_plot_of_a_cloud_workdir_says_how_to_read_it():
+  from aiayn_flax import plot
+  with pytest.raises(FileNotFoundError, match=r"gs://bucket/run/: plot reads a local folder.*"
+                     r"gs://bucket/run/events\.out\.tfevents\.\*.*tensorboard --logdir gs://"):
+    plot.read_scalars("gs://bucket/run/")

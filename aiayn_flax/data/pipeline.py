@@ -17,13 +17,14 @@ import itertools
 import json
 import os
 import re
-import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 from absl import logging
+from etils import epath
 
+from aiayn_flax import paths
 from aiayn_flax.data import bucketing, ragged, toy, vocabulary
 from aiayn_flax.data.ragged import RaggedIds
 
@@ -109,14 +110,13 @@ def vocabulary_for(config, workdir: str):
   """The run's shared vocabulary: loaded from the workdir, or trained on the training split."""
   if config.dataset.name == "toy_reverse":
     return toy.SymbolVocabulary(config.model.vocab_size)
-  path = os.path.join(workdir, VOCAB_FILENAME)
-  if os.path.exists(path):
+  path = str(paths.workdir_path(workdir) / VOCAB_FILENAME)
+  if epath.Path(path).exists():
     vocab = vocabulary.load_vocabulary(path)
   else:
     sentences = vocabulary_sample(config)
     logging.info("Training a %d-piece %s vocabulary on %d sentences", config.model.vocab_size,
                  config.dataset.vocab_model_type, len(sentences))
-    os.makedirs(workdir, exist_ok=True)
     vocab = vocabulary.train_vocabulary(
         sentences, path, config.model.vocab_size, config.dataset.vocab_model_type,
         character_coverage=config.dataset.vocab_character_coverage)
@@ -238,13 +238,12 @@ def tokenized_split(config, vocab, split: str) -> TokenizedSplit:
   return tokenized
 
 
-def _cache_path_and_key(config, vocab, split: str) -> tuple[str | None, str | None]:
+def _cache_path_and_key(config, vocab, split: str) -> tuple[epath.Path | None, str | None]:
   """(WORKDIR/tokenized/NAME-SPLIT-DIGEST.npz, the JSON key the digest is of)."""
   model_path = getattr(vocab, "model_path", None)
-  if not model_path or not os.path.exists(model_path):
+  if not model_path or not epath.Path(model_path).exists():
     return None, None
-  with open(model_path, "rb") as f:
-    vocabulary_sha256 = hashlib.sha256(f.read()).hexdigest()
+  vocabulary_sha256 = hashlib.sha256(epath.Path(model_path).read_bytes()).hexdigest()
   dataset = config.dataset
   key = {"format": _CACHE_FORMAT, "vocabulary_sha256": vocabulary_sha256,
          "dataset": dataset.name, "split": split, "max_length": dataset.max_length,
@@ -255,15 +254,14 @@ def _cache_path_and_key(config, vocab, split: str) -> tuple[str | None, str | No
   key_text = json.dumps(key, sort_keys=True)
   digest = hashlib.sha256(key_text.encode()).hexdigest()[:16]
   stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{dataset.name}-{split}")
-  return os.path.join(os.path.dirname(model_path), TOKENIZED_DIRNAME,
-                      f"{stem}-{digest}.npz"), key_text
+  return epath.Path(model_path).parent / TOKENIZED_DIRNAME / f"{stem}-{digest}.npz", key_text
 
 
-def _read_tokenized(path: str, key: str) -> TokenizedSplit | None:
-  if not os.path.exists(path):
+def _read_tokenized(path: epath.Path, key: str) -> TokenizedSplit | None:
+  if not path.exists():
     return None
   try:
-    with np.load(path) as arrays:
+    with path.open("rb") as f, np.load(f) as arrays:
       if str(arrays["key"]) != key:
         logging.warning("%s was written for another key; tokenizing again", path)
         return None
@@ -276,25 +274,19 @@ def _read_tokenized(path: str, key: str) -> TokenizedSplit | None:
     return None
 
 
-def _write_tokenized(path: str, key: str, tokenized: TokenizedSplit) -> None:
+def _write_tokenized(path: epath.Path, key: str, tokenized: TokenizedSplit) -> None:
   """Writes the cache through a temporary file (a reader never sees half of one); a failure
   to write only costs the next run a tokenization."""
-  directory = os.path.dirname(path)
-  temp_path = None
+  def write(f):
+    np.savez(f, key=np.array(key), source_ids=tokenized.sources.flat,
+             source_offsets=tokenized.sources.offsets, target_ids=tokenized.targets.flat,
+             target_offsets=tokenized.targets.offsets,
+             skipped=np.array([tokenized.skipped_empty, tokenized.skipped_long]))
   try:
-    os.makedirs(directory, exist_ok=True)
-    handle, temp_path = tempfile.mkstemp(dir=directory, prefix=".tokenized-", suffix=".tmp")
-    with os.fdopen(handle, "wb") as f:
-      np.savez(f, key=np.array(key), source_ids=tokenized.sources.flat,
-               source_offsets=tokenized.sources.offsets, target_ids=tokenized.targets.flat,
-               target_offsets=tokenized.targets.offsets,
-               skipped=np.array([tokenized.skipped_empty, tokenized.skipped_long]))
-    os.replace(temp_path, path)
+    paths.write_atomically(path, write)
     logging.info("token ids cached in %s", path)
   except OSError as e:
     logging.warning("could not cache token ids in %s: %s", path, e)
-    if temp_path and os.path.exists(temp_path):
-      os.remove(temp_path)
 
 
 def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: bool,

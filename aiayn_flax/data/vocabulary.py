@@ -6,11 +6,13 @@ start token mean the same thing everywhere: PAD_ID 0, EOS_ID 1, UNK_ID 2, BOS_ID
 from collections.abc import Iterable, Iterator, Sequence
 import io
 import os
-import tempfile
 
 from absl import logging
+from etils import epath
 import numpy as np
 import sentencepiece as spm
+
+from aiayn_flax import paths
 
 PAD_ID = 0
 EOS_ID = 1
@@ -97,21 +99,6 @@ def _counted(sentences: Iterable[str]) -> Iterator[str]:
   logging.info("SentencePiece: read %d sentences in all", count)
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-  """Writes data to path through a temporary file, so a reader never sees half a model."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  handle, temp_path = tempfile.mkstemp(dir=directory, prefix=".vocabulary-", suffix=".tmp")
-  try:
-    with os.fdopen(handle, "wb") as f:
-      f.write(data)
-    os.replace(temp_path, path)
-  except BaseException:
-    if os.path.exists(temp_path):
-      os.remove(temp_path)
-    raise
-
-
 def train_vocabulary(
     sentences: Iterable[str],
     model_path: str,
@@ -151,7 +138,7 @@ def train_vocabulary(
       minloglevel=2,  # the trainer's own per-iteration log goes to stderr otherwise
   )
   model_proto = model.getvalue()
-  _write_atomically(model_path, model_proto)
+  paths.write_atomically(epath.Path(model_path), lambda f: f.write(model_proto))
   vocabulary = Vocabulary(model_proto, model_path)
   logging.info("SentencePiece: wrote %s (%d pieces)", model_path, vocabulary.vocab_size)
   return vocabulary
@@ -159,8 +146,8 @@ def train_vocabulary(
 
 def load_vocabulary(model_path: str) -> Vocabulary:
   """The vocabulary stored at model_path by train_vocabulary."""
-  if not os.path.exists(model_path):
+  path = epath.Path(model_path)
+  if not path.exists():
     raise FileNotFoundError(
         f"{model_path}: no SentencePiece model there (train_vocabulary writes one)")
-  with open(model_path, "rb") as f:
-    return Vocabulary(f.read(), model_path)
+  return Vocabulary(path.read_bytes(), model_path)

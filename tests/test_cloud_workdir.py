@@ -1,0 +1,140 @@
+"""A workdir on Cloud Storage (gs://bucket/run): training, resuming and evaluation keep every
+file of the run in the bucket and none on the local disk.
+
+The bucket is served by a GCS emulator on localhost (gcp-storage-emulator), so no network is
+needed. Orbax's arrays go to it through tensorstore (TENSORSTORE_GCS_HTTP_URL), everything else
+through etils.epath's fsspec backend (gcsfs, STORAGE_EMULATOR_HOST). On a real TPU VM epath
+takes TensorFlow's GCS client instead, as do TensorBoard's event files: its endpoint is compiled
+in, so here epath is switched to fsspec and the event files go to a local folder.
+"""
+import json
+import logging
+import socket
+
+import gcsfs.retry
+import pytest
+from clu import metric_writers
+from etils import epath
+from etils.epath import gpath
+
+from aiayn_flax import trainer
+from configs import multi30k
+
+BUCKET = "bucket"
+
+
+@pytest.fixture(scope="module")
+def emulated_gcs():
+  from gcp_storage_emulator.server import create_server
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  server = create_server("localhost", port, in_memory=True, default_bucket=BUCKET)
+  server.start()
+  url = f"http://localhost:{port}"
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("STORAGE_EMULATOR_HOST", url)  # gcsfs
+    patch.setenv("TENSORSTORE_GCS_HTTP_URL", url)  # orbax's arrays
+    patch.setenv("GCE_METADATA_HOST", "localhost:1")  # no credentials to look for
+    patch.setattr(gpath, "_is_tf_installed", lambda: False)  # epath: fsspec for gs://
+    # The emulator answers objects.moveTo (a rename) with 501, which gcsfs would retry for half
+    # a minute before it falls back to copy and delete; fall back at once.
+    patch.setattr(gcsfs.retry, "errs", gcsfs.retry.errs - {501, "501"})
+    yield
+  server.stop()
+
+
+@pytest.fixture
+def local_tensorboard(tmp_path, monkeypatch):
+  """Where the trainer's TensorBoard events go (see the module's docstring), and the logdirs
+  it asked for."""
+  asked, create = [], metric_writers.create_default_writer
+
+  def create_local(logdir, **kwargs):
+    asked.append(logdir)
+    return create(str(tmp_path / "tensorboard"), **kwargs)
+  monkeypatch.setattr(metric_writers, "create_default_writer", create_local)
+  return tmp_path / "tensorboard", asked
+
+
+@pytest.fixture(scope="module")
+def small_corpus(shared_data, tmp_path_factory) -> dict:
+  """The first 800 training and 40 validation pairs of Multi30k as local plain-text files (the
+  input files of a parallel_text dataset are read locally)."""
+  from aiayn_flax.data import text_files
+  folder = tmp_path_factory.mktemp("corpus")
+  files = {}
+  for split, name, count in (("train", "train", 800), ("validation", "val", 40)):
+    files[split] = []
+    for language in ("en", "de"):
+      lines = text_files.read_lines(str(shared_data / "multi30k" / f"{name}.{language}.gz"))
+      path = folder / f"{split}.{language}"
+      path.write_text("".join(line + "\n" for line in lines[:count]), encoding="utf-8")
+      files[split].append(str(path))
+  return files
+
+
+def small_text_config(files: dict, num_train_steps: int):
+  """Real captions with a 500-piece vocabulary and a one-layer model: seconds per run."""
+  config = multi30k.get_config()
+  config.dataset.update(name="parallel_text", vocab_sample_sentences=0, max_length=48,
+                        bucket_growth=2.0)
+  config.dataset.files = files
+  config.model.update(vocab_size=500, d_model=32, d_ff=64, num_heads=2, num_layers=1)
+  config.tokens_per_batch = 512
+  config.num_train_steps = num_train_steps
+  config.checkpoint_every_steps = 2
+  config.eval_every_steps = config.log_every_steps = 2
+  config.eval_bleu_sentences = 4
+  config.checkpoint_asynchronously = False
+  return config
+
+
+def files_under(url: str) -> set[str]:
+  import fsspec
+  return {path[len(url) - len("gs://") + 1:] for path in fsspec.filesystem("gcs").find(url)}
+
+
+def test_a_run_in_a_bucket_trains_resumes_and_evaluates_with_nothing_on_the_local_disk(
+    emulated_gcs, local_tensorboard, small_corpus, tmp_path_factory, monkeypatch, caplog):
+  import evaluate
+  cwd = tmp_path_factory.mktemp("cwd")
+  monkeypatch.chdir(cwd)  # a URL taken for a local path would land here, e.g. ./gs:/bucket/run
+  workdir = f"gs://{BUCKET}/run"
+  trainer.train_and_evaluate(small_text_config(small_corpus, 4), workdir)
+  stored = files_under(workdir)
+  assert "vocab.model" in stored
+  assert any(name.startswith("tokenized/parallel_text-train-") for name in stored)
+  assert {name.split("/")[1] for name in stored if name.startswith("checkpoints/")} == {"2", "4"}
+
+  with caplog.at_level(logging.INFO):
+    resumed = trainer.train_and_evaluate(small_text_config(small_corpus, 6), workdir)
+  assert f"Resumed from step 4 of {workdir}/checkpoints" in caplog.text
+  assert f"token ids read from {workdir}/tokenized/parallel_text-train-" in caplog.text
+
+  # The same six steps in a local folder end with the same parameters.
+  uninterrupted = trainer.train_and_evaluate(small_text_config(small_corpus, 6),
+                                             str(tmp_path_factory.mktemp("local_run")))
+  assert resumed["params_digest"] == uninterrupted["params_digest"]
+
+  tensorboard, asked = local_tensorboard
+  assert asked[:2] == [workdir, workdir] and list(tensorboard.glob("events.out.tfevents.*"))
+
+  # evaluate.py reads the run's config, vocabulary and checkpoint from the bucket and writes
+  # its translation and scores there.
+  sources, references = small_corpus["validation"]
+  flags = evaluate.FLAGS
+  flags([evaluate.__file__, f"--workdir={workdir}", f"--src_file={sources}",
+         f"--ref_file={references}", "--beam_size=1", "--average_last=1"])
+  try:
+    evaluate.translate_and_score()
+  finally:
+    flags.unparse_flags()
+  assert files_under(f"{workdir}/eval") == {"validation.en.beam1_avg1_step6.hyp",
+                                            "validation.en.beam1_avg1_step6.json"}
+  hypotheses = epath.Path(f"{workdir}/eval/validation.en.beam1_avg1_step6.hyp").read_text()
+  assert len(hypotheses.splitlines()) == 40
+  scores = json.loads(
+      epath.Path(f"{workdir}/eval/validation.en.beam1_avg1_step6.json").read_text())
+  assert scores["checkpoint_steps"] == [6]
+  assert list(cwd.iterdir()) == []

@@ -3,6 +3,7 @@
   python bench/input_pipeline.py                      # base, a WMT-sized corpus, one core
   python bench/input_pipeline.py --config=configs/big.py
   python bench/input_pipeline.py --pairs=1000000 --batches=200
+  python bench/input_pipeline.py --compare_feeders   # + prefetch thread and grain (if installed)
 
 The corpus: newstest2014 EN-DE, the 3003 pairs evaluate.py scores (from $AIAYN_DATA_DIR/wmt14,
 else tfds or sacrebleu's download), tokenized as training tokenizes (ids + EOS) with a
@@ -59,12 +60,51 @@ def rows_one_by_one(sequences, indices: np.ndarray, length: int) -> np.ndarray:
   return out
 
 
+def drain(items) -> float:
+  """Batches per second taken from an iterator of batches, to its end."""
+  start, count = time.perf_counter(), 0
+  for _ in items:
+    count += 1
+  return count / (time.perf_counter() - start)
+
+
+def compare_feeders(batches, taken, gathered_rate: float) -> None:
+  """The same batches, in the same order, through the trainer's prefetch thread and through
+  grain (when installed: pip install grain), on the same core."""
+  from aiayn_flax.data import prefetch
+  feeders = {"prefetch thread, depth 2 (the trainer's)": lambda: prefetch.prefetched(
+      (batches.batch(*item) for item in taken), 2)}
+  try:
+    import grain
+  except ImportError:
+    print("grain: not installed (pip install grain), not compared")
+  else:
+    from absl import flags
+    flags.FLAGS(sys.argv[:1])  # grain reads its absl flags; this script's flags are argparse's
+    source = lambda: grain.MapDataset.source(taken).map(  # noqa: E731
+        lambda item: batches.batch(*item))
+    feeders |= {
+        "grain, 1 thread, buffer 2": lambda: source().to_iter_dataset(
+            grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)),
+        "grain, default ReadOptions (16 threads, buffer 500)": lambda: source().to_iter_dataset(),
+        "grain, 1 worker process (mp_prefetch)": lambda: source().to_iter_dataset(
+            grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)).mp_prefetch(
+                grain.MultiprocessingOptions(num_workers=1)),
+    }
+  for name, feeder in feeders.items():
+    rate = drain(feeder())
+    print(f"{name}: {rate:.1f} batches/s ({rate / gathered_rate:.2f}x gathering on the "
+          "training thread)")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--config", default="configs/base.py")
   parser.add_argument("--pairs", type=int, default=4_500_000)
   parser.add_argument("--batches", type=int, default=500)
   parser.add_argument("--workdir", default="/tmp/aiayn_bench_input_pipeline")
+  parser.add_argument("--compare_feeders", action="store_true",
+                      help="Also feed the batches through the prefetch thread and grain.")
   args = parser.parse_args()
   os.sched_setaffinity(0, {0})
   os.makedirs(args.workdir, exist_ok=True)
@@ -102,6 +142,8 @@ def main():
   loop_s = time.perf_counter() - start
 
   rate = len(taken) / gathered_s
+  if args.compare_feeders:
+    compare_feeders(batches, taken, rate)
   mean_source, mean_target = real_sources / len(taken), (real - real_sources) / len(taken)
   padding = 100 * (1 - real / padded)
   print(f"gathered at once: {rate:.1f} batches/s, {real / gathered_s:.3g} real tokens/s; "

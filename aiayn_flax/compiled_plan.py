@@ -47,17 +47,18 @@ class CompiledProgram:
 
 
 def largest_memory_bucket(config, model_config, micro_tokens: int, data_shards: int) -> int:
-  """The bucket boundary whose batch needs the most activation memory. Every bucket's batch
-  holds about `micro_tokens` tokens (rows = budget // boundary, rounded down to the data
-  shards), and only the attention probabilities grow with the length, so it is the longest
+  """The bucket boundary whose batch can need the most activation memory. A bucket's batch
+  holds at most the padded budget of `micro_tokens` real tokens (rows = budget // boundary,
+  rounded down to the data shards: the most rows bucketing.rows_per_bucket gives it, whatever
+  the data), and only the attention probabilities grow with the length, so it is the longest
   bucket unless rounding leaves it many fewer tokens than a shorter one: rank them by
-  dry_run's per-token estimate x the tokens each batch really holds, and compile that one."""
+  dry_run's per-token estimate x the slots each batch can hold, and compile that one."""
   boundaries = bucketing.bucket_boundaries(
       config.dataset.bucket_min_length, config.dataset.max_length, config.dataset.bucket_growth,
       config.dataset.bucket_quantum)
 
   def activation_bytes(boundary):
-    rows = micro_tokens // boundary // data_shards * data_shards
+    rows = bucketing.padded_budget(micro_tokens) // boundary // data_shards * data_shards
     return rows * boundary * activation_bytes_per_token(model_config, boundary)
   return max(boundaries, key=activation_bytes)
 
@@ -143,9 +144,9 @@ def compile_run(config, target_name: str, include=("train", "eval", "decode")) -
 
   data_shards = mesh_axes["data"]
   accumulation = train_step.accumulation_steps(config, data_shards)
-  micro_tokens = -(-config.tokens_per_batch // accumulation)  # as the trainer's micro_config
+  micro_tokens = config.tokens_per_batch // accumulation  # as the trainer's micro_config
   length = largest_memory_bucket(config, model.config, micro_tokens, data_shards)
-  rows = bucketing.batch_size_for(length, micro_tokens, data_shards)
+  rows = bucketing.batch_size_for(length, bucketing.padded_budget(micro_tokens), data_shards)
   shape = f"{rows}x{length}"
   batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding)
            for key in ("inputs", "targets")}

@@ -12,9 +12,11 @@ Memory, per device:
 - activations: micro-batch tokens x `activation_bytes_per_token` (the model stated there),
   counted at the longest bucket, the worst case: a batch holds a fixed number of tokens
   whatever its length, and only the attention probabilities grow with the length.
-The micro-batch is the most tokens that fit in (usable memory - state); accumulation steps
-make up the rest of `tokens_per_batch`:
-  data-parallel devices x micro_batch_tokens x accumulation_steps >= tokens_per_batch.
+Tokens here are padded slots: `tokens_per_batch` real tokens per side are batched within
+bucketing.padded_budget(tokens_per_batch) slots (1.25x), and memory is planned for that budget.
+The micro-batch is the most slots that fit in (usable memory - state); accumulation steps
+make up the rest of the budget:
+  data-parallel devices x micro_batch_tokens x accumulation_steps >= padded budget.
 
 `python -m aiayn_flax.dry_run --table` prints docs/SCALE.md's table (base and big on
 TPU v3-8, v4-8, v5e-8, 8 x V100, 8 x A100, 8 and 1 x H100, beside the paper's 8 x P100), with
@@ -110,15 +112,16 @@ def memory_plan(config, kind: devices.DeviceKind, mesh: dict[str, int],
   parameters = flops.parameter_count(config.model)
   per_token = activation_bytes_per_token(config.model, longest_bucket, model_shards)
   usable = int(kind.memory_bytes * kind.usable_memory_fraction)
-  needed = math.ceil(config.tokens_per_batch / data_shards)  # tokens per device per step
+  # Padded tokens per device per step: the budget every shape is sized for.
+  needed = math.ceil(bucketing.padded_budget(config.tokens_per_batch) / data_shards)
   configured = config.get("micro_batch_tokens_per_device", 0)
   for accumulating in (False, True):
     state = state_bytes(parameters, config.model.dtype, accumulating)
     state_per_device = math.ceil(sum(state.values()) / state_shards)
     max_micro = max(usable - state_per_device, 0) // per_token
     limit = configured or max_micro
-    # As train_step.accumulation_steps: ceil(tokens_per_batch / (micro-batch x data shards)).
-    accumulation = math.ceil(config.tokens_per_batch / (limit * data_shards)) if limit else 0
+    # As train_step.accumulation_steps: ceil(padded budget / (micro-batch x data shards)).
+    accumulation = math.ceil(needed / limit) if limit else 0
     if accumulation <= 1 or accumulating:
       break
   micro = math.ceil(needed / accumulation) if accumulation else 0
@@ -153,7 +156,8 @@ def plan(config) -> dict:
   memory = memory_plan(config, kind, mesh, boundaries[-1])
   # A representative batch: the bucket nearest 32 tokens (typical WMT/Multi30k sentence length).
   length = min(boundaries, key=lambda b: abs(b - 32))
-  batch = bucketing.batch_size_for(length, config.tokens_per_batch, mesh["data"])
+  batch = bucketing.batch_size_for(length, bucketing.padded_budget(config.tokens_per_batch),
+                                   mesh["data"])
   flops_per_step = flops.train_flops(config.model, batch, length, length)
   mfu = config.get("mfu", 0.4)
   peak = kind.peak_flops(config.model.dtype)
@@ -161,10 +165,11 @@ def plan(config) -> dict:
   plan_ = {
       "config": config.name,
       "parameters": flops.parameter_count(config.model),
-      "tokens_per_batch": config.tokens_per_batch,  # asked for, per side
-      # what the plan delivers: data shards x micro-batch x accumulation steps
-      "tokens_per_optimizer_step": (mesh["data"] * memory["micro_batch_tokens"]
-                                    * memory["accumulation_steps"]),
+      "tokens_per_batch": config.tokens_per_batch,  # real tokens asked for, per side
+      "padded_tokens_per_batch": bucketing.padded_budget(config.tokens_per_batch),
+      # the padded slots the plan holds: data shards x micro-batch x accumulation steps
+      "padded_tokens_per_optimizer_step": (mesh["data"] * memory["micro_batch_tokens"]
+                                           * memory["accumulation_steps"]),
       "devices": f"{num_devices} x {kind.name}",
       "device": kind.description,
       "mesh": ",".join(f"{k}:{v}" for k, v in mesh.items()),
@@ -218,18 +223,18 @@ TABLE_HARDWARE = [
 # --target=TARGET` printed (jax 0.10.2, libtpu 0.0.42.1, jax-cuda12-plugin 0.10.2; the
 # commands are in docs/SCALE.md): the largest of the train, eval and beam-search programs.
 COMPILED_MEMORY = {
-    ("base", "tpu-v4-8"): 4876211200,
-    ("base", "tpu-v5e-8"): 2733840384,
-    ("base", "gpu-v100x8"): 4021335377,
-    ("base", "gpu-a100x8"): 2767447113,
-    ("base", "gpu-h100x8"): 2577506889,
-    ("base", "gpu-h100x1"): 14794187977,
-    ("big", "tpu-v4-8"): 9052633600,
-    ("big", "tpu-v5e-8"): 5460435456,
-    ("big", "gpu-v100x8"): 8273777233,
-    ("big", "gpu-a100x8"): 5909846473,
-    ("big", "gpu-h100x8"): 5720992969,
-    ("big", "gpu-h100x1"): 26103547081,
+    ("base", "tpu-v4-8"): 5709098496,
+    ("base", "tpu-v5e-8"): 3098574336,
+    ("base", "gpu-v100x8"): 4847582929,
+    ("base", "gpu-a100x8"): 3198921425,
+    ("base", "gpu-h100x8"): 3055679433,
+    ("base", "gpu-h100x1"): 18359994313,
+    ("big", "tpu-v4-8"): 10539005952,
+    ("big", "tpu-v5e-8"): 6096195072,
+    ("big", "gpu-v100x8"): 9731327953,
+    ("big", "gpu-a100x8"): 6763925713,
+    ("big", "gpu-h100x8"): 6412919241,
+    ("big", "gpu-h100x1"): 32019224521,
 }
 
 

@@ -10,6 +10,7 @@ from flax import linen as nn
 from flax.training import train_state
 
 from aiayn_flax import devices, loss, model as model_lib, optimizer
+from aiayn_flax.data import bucketing
 
 
 def make_model(config, device=None) -> model_lib.Transformer:
@@ -109,12 +110,13 @@ def accumulate_step(sums, params, batch, rng, step, micro_step, *, model, label_
 
 
 def accumulation_steps(config, data_shards: int) -> int:
-  """Micro-batches per optimizer step so that shards x micro-batch x steps >= tokens_per_batch,
-  with each device's micro-batch at most `micro_batch_tokens_per_device` (0: no limit)."""
+  """Micro-batches per optimizer step so that each device's micro-batch, padded, holds at most
+  `micro_batch_tokens_per_device` slots per side (0: no limit): shards x micro-batch x steps
+  >= the padded budget of tokens_per_batch real tokens (bucketing.padded_budget)."""
   per_device = config.get("micro_batch_tokens_per_device", 0)
   if not per_device:
     return 1
-  return -(-config.tokens_per_batch // (per_device * data_shards))
+  return -(-bucketing.padded_budget(config.tokens_per_batch) // (per_device * data_shards))
 
 
 def eval_step(params, batch, *, model, label_smoothing: float):

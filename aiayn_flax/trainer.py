@@ -70,19 +70,32 @@ def real_tokens(batch: dict) -> int:
 
 
 class Progress:
-  """Host-side rates between log lines: steps/s, real tokens/s, ETA."""
+  """Host-side figures between log lines: steps/s, real tokens/s, ETA, and the real tokens
+  per optimizer step (per side) and padding of the batches trained on."""
 
   def __init__(self, start_step: int, total_steps: int):
     self.total_steps = total_steps
-    self.last_step, self.last_time, self.tokens = start_step, time.time(), 0
+    self.last_step, self.last_time = start_step, time.time()
+    self.sources = self.targets = self.slots = 0
+
+  def add(self, batch: dict) -> None:
+    self.sources += int(np.count_nonzero(batch["inputs"]))
+    self.targets += int(np.count_nonzero(batch["targets"]))
+    self.slots += batch["inputs"].size + batch["targets"].size
 
   def update(self, step: int) -> dict:
     now = time.time()
     elapsed = max(now - self.last_time, 1e-9)
+    steps = max(step - self.last_step, 1)
     steps_per_s = (step - self.last_step) / elapsed
-    rates = {"steps_per_s": steps_per_s, "tokens_per_s": self.tokens / elapsed,
-             "eta_s": (self.total_steps - step) / max(steps_per_s, 1e-9)}
-    self.last_step, self.last_time, self.tokens = step, now, 0
+    real = self.sources + self.targets
+    rates = {"steps_per_s": steps_per_s, "tokens_per_s": real / elapsed,
+             "eta_s": (self.total_steps - step) / max(steps_per_s, 1e-9),
+             "source_tokens_per_step": self.sources / steps,
+             "target_tokens_per_step": self.targets / steps,
+             "padding": 1 - real / max(self.slots, 1)}
+    self.last_step, self.last_time = step, now
+    self.sources = self.targets = self.slots = 0
     return rates
 
 
@@ -236,16 +249,22 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
                      f"accumulates micro-batches ({accumulation} here, from "
                      "micro_batch_tokens_per_device)")
   micro_config = config.copy_and_resolve_references()
-  micro_config.tokens_per_batch = -(-config.tokens_per_batch // accumulation)
-  logging.info("%d micro-batch(es) of <= %d tokens per side per optimizer step", accumulation,
-               micro_config.tokens_per_batch)
+  # Rounded down, so that a micro-batch's padded budget stays within
+  # micro_batch_tokens_per_device x data shards.
+  micro_config.tokens_per_batch = config.tokens_per_batch // accumulation
+  logging.info("%d micro-batch(es) of about %d real tokens per side (at most %d padded) per "
+               "optimizer step", accumulation, micro_config.tokens_per_batch,
+               bucketing.padded_budget(micro_config.tokens_per_batch))
   train_batches = pipeline.batches_for_split(micro_config, vocab, config.dataset.train_split,
                                              data_shards, shuffle=True, group=steps_per_call)
   # Evaluation batches hold no more than training's micro-batches: a run whose device fits
   # only a micro-batch must not run out of memory at its first evaluation.
   eval_batches = pipeline.batches_for_split(micro_config, vocab, config.dataset.eval_split,
                                             data_shards, shuffle=False)
-  logging.info("training batches pad %.1f%% of their positions",
+  source_tokens, target_tokens = train_batches.real_tokens_per_batch()
+  logging.info("training batches: %.0f source and %.0f target real tokens per batch on average "
+               "(tokens_per_batch %d), %.1f%% of their positions padding", source_tokens,
+               target_tokens, micro_config.tokens_per_batch,
                100 * train_batches.padding_fraction())
 
   model = train_step.make_model(config)
@@ -293,21 +312,22 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
       if steps_per_call > 1:  # up to steps_per_call steps of one shape, stopping at events
         run = runs.take(min(steps_per_call, steps_to_next_event(step, config)))
         position = run[-1][0]
-        progress.tokens += sum(real_tokens(batch) for _, batch in run)
+        for _, batch in run:
+          progress.add(batch)
         stacked = stack_batches([batch for _, batch in run], steps_per_call)
         state, metrics = programs.steps_fn(
             state, sharding.put_batch(stacked, stacked_batch_sharding), len(run), rng)
         step += len(run)
       elif accumulation == 1:
         position, batch = next(batches)
-        progress.tokens += real_tokens(batch)
+        progress.add(batch)
         state, metrics = programs.step_fn(state, sharding.put_batch(batch, batch_sharding), rng)
         step += 1
       else:  # sum gradients over micro-batches, then one update per real target token
         accumulated = None
         for micro_step in range(accumulation):
           position, batch = next(batches)
-          progress.tokens += real_tokens(batch)
+          progress.add(batch)
           accumulated = programs.accumulate_fn(
               accumulated, state.params, sharding.put_batch(batch, batch_sharding), rng,
               state.step, micro_step)
@@ -368,9 +388,11 @@ def log_train_metrics(writer, step, config, sums, progress, state) -> dict:
   summary |= progress.update(step)
   writer.write_scalars(step, {f"train/{k}": v for k, v in summary.items()})
   logging.info("step %d/%d: loss %.3f nll %.3f ppl %.2f lr %.2e | %.2f steps/s %.0f tokens/s "
-               "| ETA %.0f min%s", step, config.num_train_steps, summary["loss"], summary["nll"],
-               summary["perplexity"], summary["learning_rate"], summary["steps_per_s"],
-               summary["tokens_per_s"], summary["eta_s"] / 60,
+               "| %.0f/%.0f real tokens/step, %.0f%% padding | ETA %.0f min%s", step,
+               config.num_train_steps, summary["loss"], summary["nll"], summary["perplexity"],
+               summary["learning_rate"], summary["steps_per_s"], summary["tokens_per_s"],
+               summary["source_tokens_per_step"], summary["target_tokens_per_step"],
+               100 * summary["padding"], summary["eta_s"] / 60,
                f" | {summary['skipped_nonfinite_steps']} non-finite steps skipped"
                if summary["skipped_nonfinite_steps"] else "")
   return summary

@@ -31,7 +31,9 @@ def get_config():
   c.model.update(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4, num_layers=3)
   c.warmup_steps = 1000
   c.learning_rate_scale = 1.0
-  c.tokens_per_batch = 2560
+  # Real tokens per side. 2200 gives the batches the quick start was timed and scored with
+  # when the budget counted padded slots (2560): 2164/2239 real tokens, 2566 slots per step.
+  c.tokens_per_batch = 2200
   c.num_train_steps = 1500
   c.log_every_steps = 50
   c.eval_every_steps = 750

@@ -29,7 +29,8 @@ def test_one_epoch_sees_every_example_once_within_budget(tokenized_train, batch_
     batch = batches.batch(boundary, indices)
     shapes.add(batch["inputs"].shape)
     assert batch["inputs"].shape == batch["targets"].shape == (len(indices), boundary)
-    assert batch["inputs"].size <= config.tokens_per_batch  # the budget holds on each side
+    # The padded budget holds on each side.
+    assert batch["inputs"].size <= bucketing.padded_budget(config.tokens_per_batch)
     assert len(indices) % batch_multiple == 0
     real = indices[indices != bucketing.EMPTY_ROW]
     for row, i in zip(batch["inputs"], indices):
@@ -111,3 +112,75 @@ def test_iteration_resumes_at_a_position(tokenized_train):
 def test_boundaries_are_multiples_of_the_quantum_and_end_at_max_length():
   assert bucketing.bucket_boundaries(8, 64, 1.25, 8) == [8, 16, 24, 32, 40, 56, 64]
   assert bucketing.bucket_boundaries(8, 30, 1.1, 4) == [8, 12, 16, 20, 24, 28, 30]
+
+
+# The stated tolerance: over an epoch's full batches, the mean real tokens per side (source and
+# target averaged) is within 3% of tokens_per_batch; each optimizer step within 5% on one data
+# shard. With N shards a bucket's rows are rounded to a multiple of N, which moves a batch of
+# few rows per shard further: up to 25% for Multi30k's 2200 tokens over 8 shards.
+MEAN_TOLERANCE = 0.03
+
+
+def real_tokens_per_step(batches: bucketing.TokenBucketedBatches, accumulation: int):
+  """Real (source, target) tokens of each optimizer step made of `accumulation` consecutive
+  full batches, and the padded shapes seen."""
+  source_lengths, target_lengths = batches.sources.lengths(), batches.targets.lengths()
+  full = [(b, i) for b, i in batches.epoch(0) if not (i == bucketing.EMPTY_ROW).any()]
+  steps = []
+  for start in range(0, len(full) - accumulation + 1, accumulation):
+    micro = full[start:start + accumulation]
+    steps.append((sum(source_lengths[i].sum() for _, i in micro),
+                  sum(target_lengths[i].sum() for _, i in micro)))
+  return np.array(steps, dtype=np.float64), {(len(i), b) for b, i in batches.epoch(0)}
+
+
+@pytest.fixture(scope="module")
+def newstest_tokenized(shared_data, tmp_path_factory):
+  """newstest2013 + 2014 EN-DE with a BPE vocabulary trained on them (as base's, smaller)."""
+  from aiayn_flax.data import text_files
+  sources, targets = [], []
+  for year in (2013, 2014):
+    s, t = text_files.read_parallel_lines(str(shared_data / "wmt14" / f"newstest{year}.en"),
+                                          str(shared_data / "wmt14" / f"newstest{year}.de"))
+    sources, targets = sources + s, targets + t
+  vocab = vocabulary.train_vocabulary(sources + targets,
+                                      str(tmp_path_factory.mktemp("bpe") / "v.model"), 8000,
+                                      "bpe", character_coverage=0.9995)
+  return pipeline.tokenize_for_training(sources, targets, vocab, 256)
+
+
+@pytest.mark.parametrize("corpus,tokens_per_batch,shards,accumulation,step_tolerance", [
+    ("newstest", 25000, 1, 1, 0.05), ("newstest", 25000, 8, 1, 0.05),
+    ("newstest", 25000, 8, 4, 0.05), ("multi30k", 2200, 1, 1, 0.05),
+    ("multi30k", 2200, 8, 1, 0.25), ("multi30k", 2200, 8, 2, 0.25)])
+def test_optimizer_steps_hold_tokens_per_batch_real_tokens_per_side(
+    corpus, tokens_per_batch, shards, accumulation, step_tolerance, newstest_tokenized,
+    tokenized_train):
+  if corpus == "newstest":
+    split, boundaries = newstest_tokenized, bucketing.bucket_boundaries(8, 256, 1.25, 8)
+  else:
+    split, boundaries = tokenized_train[1], bucketing.bucket_boundaries(8, 128, 1.1, 4)
+  # As the trainer: each of `accumulation` micro-batches asks for its share of the tokens.
+  batches = bucketing.TokenBucketedBatches(split.sources, split.targets, boundaries,
+                                           tokens_per_batch // accumulation, shards, seed=1)
+  steps, shapes = real_tokens_per_step(batches, accumulation)
+  per_side = steps.mean(axis=1)
+  print(f"{corpus} x{shards} /{accumulation}: {len(steps)} steps, real tokens per step "
+        f"{steps[:, 0].mean():.0f}/{steps[:, 1].mean():.0f}, each in "
+        f"[{per_side.min():.0f}, {per_side.max():.0f}], padding {batches.padding_fraction():.3f}")
+  assert per_side.mean() == pytest.approx(tokens_per_batch, rel=MEAN_TOLERANCE)
+  assert np.all(np.abs(per_side / tokens_per_batch - 1) <= step_tolerance)
+  assert len(shapes) <= len(boundaries)  # one padded shape per bucket
+  for rows, boundary in shapes:
+    assert rows % shards == 0
+    assert rows * boundary <= bucketing.padded_budget(tokens_per_batch // accumulation)
+
+
+def test_rows_follow_the_mean_real_length_of_each_bucket():
+  boundaries = [8, 16]
+  sources = np.array([4, 4, 12, 16])  # bucket 8: mean (4+6)/2 = 5; bucket 16: (14+14)/2 = 14
+  targets = np.array([6, 6, 16, 12])
+  assert bucketing.rows_per_bucket(sources, targets, boundaries, 140, 1) == [
+      min(28, 175 // 8), 10]  # 140/5 = 28 rows, held to the padded budget: 21 rows of 8
+  assert bucketing.rows_per_bucket(sources, targets, boundaries, 140, 4) == [20, 8]
+  assert bucketing.rows_per_bucket(sources[:2], targets[:2], boundaries, 140, 1) == [21, 10]

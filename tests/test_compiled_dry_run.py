@@ -57,7 +57,8 @@ def test_train_step_compiles_for_the_target_with_its_collectives(target, mesh, e
 
 def test_accumulation_compiles_the_accumulate_and_apply_programs():
   config = small_base_config("data:8")
-  config.micro_batch_tokens_per_device = 128  # 2048 tokens = 8 devices x 128 x 2 micro-batches
+  # 2048 real tokens, 2560 padded slots = 8 devices x 160 x 2 micro-batches
+  config.micro_batch_tokens_per_device = 160
   result = compiled_plan.compile_run(config, "gpu-h100x8", include=("train",))
   names = [p.name for p in result["programs"]]
   assert names == ["accumulate_step", "apply_gradient_sums"] and result["accumulation_steps"] == 2

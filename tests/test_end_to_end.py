@@ -81,10 +81,13 @@ def test_dry_run_prints_the_plan_without_training():
   result = run_script("train.py", "--config=configs/base.py", "--dry_run")
   assert result.returncode == 0, result.stderr[-2000:]
   lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
-  for key in ("parameters", "tokens_per_optimizer_step", "devices", "mesh", "flops_per_step",
+  for key in ("parameters", "padded_tokens_per_optimizer_step", "devices", "mesh", "flops_per_step",
               "bucket_boundaries"):
     assert key in lines, result.stdout
-  assert lines["tokens_per_optimizer_step"] == "25000"
+  assert lines["tokens_per_batch"] == "25000" and lines["padded_tokens_per_batch"] == "31250"
+  # the budget, rounded up to whole tokens per device and micro-batch
+  micro_batches = int(lines["devices"].split(" x ")[0]) * int(lines["accumulation_steps"])
+  assert 0 <= int(lines["padded_tokens_per_optimizer_step"]) - 31250 < micro_batches
   assert int(lines["parameters"]) == 63082496
 
 
@@ -164,8 +167,9 @@ def test_unknown_config_key_is_a_one_line_error():
 def test_several_steps_per_call_with_micro_batches_is_refused_naming_both_keys(tmp_path):
   from configs import toy
   config = toy.get_config()
-  config.steps_per_call, config.micro_batch_tokens_per_device = 2, 64  # 8 micro-batches a step
-  with pytest.raises(ValueError, match=r"steps_per_call=2: .*8 here.*micro_batch_tokens_per"):
+  # 420 real tokens, 525 padded slots: 9 micro-batches of at most 64 slots a step
+  config.steps_per_call, config.micro_batch_tokens_per_device = 2, 64
+  with pytest.raises(ValueError, match=r"steps_per_call=2: .*9 here.*micro_batch_tokens_per"):
     trainer.train_and_evaluate(config, str(tmp_path))
   assert not os.path.exists(tmp_path / "checkpoints")  # refused before anything was trained
 

@@ -134,8 +134,9 @@ def test_accumulation_steps_follow_the_device_budget():
   config = base.get_config()
   assert train_step.accumulation_steps(config, 8) == 1
   config.micro_batch_tokens_per_device = 1000
-  assert train_step.accumulation_steps(config, 8) == 4  # 8 x 1000 x 4 >= 25000
-  assert train_step.accumulation_steps(config, 1) == 25
+  # 25,000 real tokens are batched within 31,250 padded slots per side
+  assert train_step.accumulation_steps(config, 8) == 4  # 8 x 1000 x 4 >= 31250
+  assert train_step.accumulation_steps(config, 1) == 32  # 1000 x 32 >= 31250
 
 
 def test_bfloat16_training_lowers_a_finite_loss_and_keeps_float32_parameters():

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from aiayn_flax import devices, dry_run, flops
-from aiayn_flax.data import pipeline
+from aiayn_flax.data import bucketing, pipeline
 from aiayn_flax.data.ragged import EMPTY_ROW, RaggedIds
 from configs import base, big, big_enfr
 
@@ -75,7 +75,7 @@ def test_wmt14_batches_are_english_to_german_within_the_token_budget(mocked_wmt1
   seen = 0
   for _, batch in batches.iterate(num_epochs=1):
     assert batch["inputs"].shape == batch["targets"].shape
-    assert batch["inputs"].size <= config.tokens_per_batch  # per side
+    assert batch["inputs"].size <= bucketing.padded_budget(config.tokens_per_batch)  # per side
     assert batch["inputs"].dtype == np.int32
     sources = vocab.decode_batch(batch["inputs"])
     targets = vocab.decode_batch(batch["targets"])
@@ -166,8 +166,9 @@ def test_dry_run_plans_base_on_8_v100_within_memory_and_the_token_budget():
   config = base.get_config()
   plan = plan_for(config, "v100", 8)
   assert plan["devices"] == "8 x v100" and plan["mesh"] == "data:8"
+  assert plan["padded_tokens_per_batch"] == 31250  # 1.25 x 25,000 real tokens
   assert (plan["accumulation_steps"] * 8 * plan["micro_batch_tokens"]
-          >= config.tokens_per_batch)
+          >= plan["padded_tokens_per_batch"])
   assert plan["micro_batch_tokens"] <= plan["max_micro_batch_tokens"]
   assert plan["fits_in_memory"] == "yes"
   assert plan["optimizer_state_bytes"] == 2 * 4 * plan["parameters"]  # Adam: two f32 moments
@@ -177,7 +178,7 @@ def test_dry_run_plans_base_on_8_v100_within_memory_and_the_token_budget():
   # FLOPs and time follow flops.train_flops and the device's peak at the assumed MFU.
   rows, length = map(int, plan["flops_batch_shape"].split("x"))
   assert plan["flops_per_step"] == flops.train_flops(config.model, rows, length, length)
-  assert rows * length <= config.tokens_per_batch
+  assert rows * length <= plan["padded_tokens_per_batch"]
   peak = devices.kind("v100").peak_flops(config.model.dtype)
   assert plan["step_time_s"] > 0
   assert plan["step_time_s"] == pytest.approx(plan["flops_per_step"] / (8 * peak * config.mfu))
@@ -188,21 +189,22 @@ def test_dry_run_plans_base_on_8_v100_within_memory_and_the_token_budget():
 def test_dry_run_of_big_plans_the_papers_model_and_batch(device, count):
   plan = plan_for(big.get_config(), device, count)
   assert plan["parameters"] == pytest.approx(213e6, rel=0.02)  # Table 3: 213M
-  assert plan["tokens_per_optimizer_step"] == pytest.approx(25_000, rel=0.10)
+  assert plan["padded_tokens_per_optimizer_step"] == pytest.approx(31_250, rel=0.10)
 
 
 def test_dry_run_accumulates_when_a_micro_batch_does_not_fit():
   config = big.get_config()
   plan = plan_for(config, "p100", 1)
   assert plan["accumulation_steps"] > 1
-  assert plan["accumulation_steps"] * plan["micro_batch_tokens"] >= config.tokens_per_batch
+  assert (plan["accumulation_steps"] * plan["micro_batch_tokens"]
+          >= bucketing.padded_budget(config.tokens_per_batch))
   assert plan["micro_batch_tokens"] <= plan["max_micro_batch_tokens"]
   assert plan["gradient_bytes"] == 2 * 4 * plan["parameters"]  # the accumulator too
   assert plan["accumulate_with"] == (
       f"--config.micro_batch_tokens_per_device={plan['micro_batch_tokens']}")
   config.micro_batch_tokens_per_device = 1000  # what the trainer will do, when set
   plan = plan_for(config, "p100", 1)
-  assert plan["accumulation_steps"] == 25 and plan["micro_batch_tokens"] == 1000
+  assert plan["accumulation_steps"] == 32 and plan["micro_batch_tokens"] == 977  # 31,250 / 32
 
 
 def test_dry_run_splits_the_state_over_the_model_axis():

@@ -3,10 +3,13 @@ sequence length; each training batch contained ... approximately 25000 source to
 target tokens").
 
 Examples are grouped by length into buckets; a bucket with boundary L gives batches of shape
-[tokens_per_batch // L, L] (rounded down to a multiple of the data-parallel shards), so XLA sees
-one shape per bucket and never recompiles. The last, partial batch of a bucket is completed
-with empty rows (all padding, weight 0) instead of being dropped: every example is seen exactly
-once per epoch.
+[rows, L], so XLA sees one shape per bucket and never recompiles. `tokens_per_batch` counts
+real tokens, as the paper does: each bucket's rows are chosen from the lengths of the examples
+it holds so that its batches carry about `tokens_per_batch` real tokens per side (the mean of
+the source and target sides), within a padded budget of PADDING_ALLOWANCE x tokens_per_batch
+slots per side that bounds every shape the run can compile (`padded_budget`). The last,
+partial batch of a bucket is completed with empty rows (all padding, weight 0) instead of being
+dropped: every example is seen exactly once per epoch.
 
 This is plain numpy rather than tf.data's bucket_by_sequence_length because the order must be a
 pure function of (seed, epoch), so that a resumed run sees exactly the batches that an
@@ -32,12 +35,48 @@ def bucket_boundaries(min_length: int, max_length: int, growth: float,
   return boundaries
 
 
-def batch_size_for(boundary: int, tokens_per_batch: int, batch_multiple: int) -> int:
-  """Rows in a batch of padded length `boundary`: at most tokens_per_batch tokens per side."""
-  rows = tokens_per_batch // boundary // batch_multiple * batch_multiple
+# Padded slots a batch may use per real token asked for. With buckets growing by 1.25 a bucket's
+# examples fill 80-100% of its length, so its rows can reach tokens_per_batch real tokens
+# within this budget; the shortest buckets (lengths 1..8) pad more and stop at the budget.
+PADDING_ALLOWANCE = 1.25
+
+
+def padded_budget(tokens_per_batch: int) -> int:
+  """The most padded slots per side of a batch asked to hold `tokens_per_batch` real tokens:
+  what memory plans and compiled shapes are sized for."""
+  return int(tokens_per_batch * PADDING_ALLOWANCE)
+
+
+def batch_size_for(boundary: int, padded_tokens: int, batch_multiple: int) -> int:
+  """The most rows of padded length `boundary` within `padded_tokens` slots per side, as a
+  multiple of the data-parallel shards."""
+  rows = padded_tokens // boundary // batch_multiple * batch_multiple
   if rows < batch_multiple:
-    raise ValueError(f"tokens_per_batch={tokens_per_batch} is too small for a bucket of length "
-                     f"{boundary} on {batch_multiple} data-parallel shards")
+    raise ValueError(f"a batch of {padded_tokens} padded tokens is too small for a bucket of "
+                     f"length {boundary} on {batch_multiple} data-parallel shards; raise "
+                     "tokens_per_batch")
+  return rows
+
+
+def rows_per_bucket(source_lengths: np.ndarray, target_lengths: np.ndarray,
+                    boundaries: list[int], tokens_per_batch: int,
+                    batch_multiple: int) -> list[int]:
+  """Rows of each bucket's batches: tokens_per_batch over the mean real length (source and
+  target averaged) of the bucket's examples, rounded to a multiple of batch_multiple and held
+  within padded_budget(tokens_per_batch). A bucket without examples gets the budget's rows."""
+  buckets = bucket_of(np.maximum(source_lengths, target_lengths), boundaries)
+  counts = np.bincount(buckets, minlength=len(boundaries))
+  mean_lengths = (np.bincount(buckets, source_lengths, len(boundaries))
+                  + np.bincount(buckets, target_lengths, len(boundaries))) / np.maximum(
+                      2 * counts, 1)
+  rows = []
+  for boundary, count, mean_length in zip(boundaries, counts, mean_lengths):
+    most = batch_size_for(boundary, padded_budget(tokens_per_batch), batch_multiple)
+    if not count:
+      rows.append(most)
+      continue
+    wanted = round(tokens_per_batch / mean_length / batch_multiple) * batch_multiple
+    rows.append(int(min(max(wanted, batch_multiple), most)))
   return rows
 
 
@@ -53,12 +92,13 @@ def bucket_of(lengths: np.ndarray, boundaries: list[int]) -> np.ndarray:
   return np.searchsorted(np.asarray(boundaries), lengths, side="left")
 
 
-def epoch_batches(lengths: np.ndarray, boundaries: list[int], tokens_per_batch: int,
-                  batch_multiple: int, seed: int, epoch: int,
-                  shuffle: bool = True, group: int = 1) -> list[tuple[int, np.ndarray]]:
+def epoch_batches(lengths: np.ndarray, boundaries: list[int], rows: list[int], seed: int,
+                  epoch: int, shuffle: bool = True,
+                  group: int = 1) -> list[tuple[int, np.ndarray]]:
   """One epoch as a list of (boundary, example indices with EMPTY_ROW padding).
 
-  `lengths` is max(source length, target length) per example, all <= boundaries[-1]. With
+  `lengths` is max(source length, target length) per example, all <= boundaries[-1]; bucket b's
+  batches have rows[b] rows (`rows_per_bucket`). With
   `group` > 1, each bucket's batches come in runs of `group` consecutive batches (the last run
   of a bucket may be shorter), and the runs are shuffled rather than the batches, so that the
   trainer can take `group` steps of one shape in a single call (`steps_per_call`). group=1 is
@@ -68,13 +108,12 @@ def epoch_batches(lengths: np.ndarray, boundaries: list[int], tokens_per_batch: 
   order = rng.permutation(len(lengths)) if shuffle else np.arange(len(lengths))
   buckets = bucket_of(lengths[order], boundaries)
   runs = []
-  for b, boundary in enumerate(boundaries):
+  for b, (boundary, bucket_rows) in enumerate(zip(boundaries, rows)):
     members = order[buckets == b]
-    rows = batch_size_for(boundary, tokens_per_batch, batch_multiple)
     bucket = []
-    for start in range(0, len(members), rows):
-      chunk = members[start:start + rows]
-      padded = np.full(rows, EMPTY_ROW, dtype=np.int64)
+    for start in range(0, len(members), bucket_rows):
+      chunk = members[start:start + bucket_rows]
+      padded = np.full(bucket_rows, EMPTY_ROW, dtype=np.int64)
       padded[:len(chunk)] = chunk
       bucket.append((boundary, padded))
     runs += [bucket[i:i + group] for i in range(0, len(bucket), group)]
@@ -101,13 +140,15 @@ class TokenBucketedBatches:
     self.boundaries = boundaries
     self.tokens_per_batch = tokens_per_batch
     self.batch_multiple = batch_multiple
+    self.rows = rows_per_bucket(self.sources.lengths(), self.targets.lengths(), boundaries,
+                                tokens_per_batch, batch_multiple)
     self.seed = seed
     self.shuffle = shuffle
     self.group = group
 
   def epoch(self, epoch: int) -> list[tuple[int, np.ndarray]]:
-    return epoch_batches(self.lengths, self.boundaries, self.tokens_per_batch,
-                         self.batch_multiple, self.seed, epoch, self.shuffle, self.group)
+    return epoch_batches(self.lengths, self.boundaries, self.rows, self.seed, epoch,
+                         self.shuffle, self.group)
 
   def batch(self, boundary: int, indices: np.ndarray) -> dict[str, np.ndarray]:
     return {"inputs": self.sources.padded_rows(indices, boundary, PAD_ID),
@@ -130,3 +171,14 @@ class TokenBucketedBatches:
     real = self.sources.lengths().sum() + self.targets.lengths().sum()
     total = sum(2 * boundary * len(indices) for boundary, indices in self.epoch(0))
     return 1.0 - real / total
+
+  def real_tokens_per_batch(self) -> tuple[float, float]:
+    """Mean real (source, target) tokens of one epoch's batches, the last partial batch of
+    each bucket left out (it is completed with empty rows)."""
+    source_lengths, target_lengths = self.sources.lengths(), self.targets.lengths()
+    sums = [(source_lengths[indices].sum(), target_lengths[indices].sum())
+            for _, indices in self.epoch(0) if not (indices == EMPTY_ROW).any()]
+    if not sums:
+      return 0.0, 0.0
+    source, target = np.mean(sums, axis=0)
+    return float(source), float(target)

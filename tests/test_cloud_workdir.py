@@ -23,9 +23,37 @@ from configs import multi30k
 BUCKET = "bucket"
 
 
+def give_downloads_their_generation():
+  """Real Cloud Storage names an object's generation in a download's x-goog-generation header;
+  the emulator leaves it out, and tensorstore, which reads it back to update an OCDBT manifest
+  (more often on a loaded machine), then fails with "Malformed StorageGeneration"."""
+  from gcp_storage_emulator import server
+  from gcp_storage_emulator.exceptions import NotFound
+  from gcp_storage_emulator.handlers import objects
+  download = objects.download
+
+  def download_with_generation(request, response, storage, *args, **kwargs):
+    download(request, response, storage, *args, **kwargs)
+    try:
+      obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+    except NotFound:
+      return
+    response["x-goog-generation"] = obj["generation"]
+    response["x-goog-metageneration"] = obj["metageneration"]
+
+  patch = pytest.MonkeyPatch()
+  patch.setattr(objects, "download", download_with_generation)  # what objects.get calls
+  for _, methods in server.HANDLERS:  # the routes that name it directly
+    for method, handler in list(methods.items()):
+      if handler is download:
+        patch.setitem(methods, method, download_with_generation)
+  return patch
+
+
 @pytest.fixture(scope="module")
 def emulated_gcs():
   from gcp_storage_emulator.server import create_server
+  handlers = give_downloads_their_generation()
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
@@ -42,6 +70,7 @@ def emulated_gcs():
     patch.setattr(gcsfs.retry, "errs", gcsfs.retry.errs - {501, "501"})
     yield
   server.stop()
+  handlers.undo()
 
 
 @pytest.fixture

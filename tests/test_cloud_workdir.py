@@ -10,6 +10,8 @@ in, so here epath is switched to fsspec and the event files go to a local folder
 import json
 import logging
 import socket
+import subprocess
+import sys
 
 import gcsfs.retry
 import pytest
@@ -18,9 +20,16 @@ from etils import epath
 from etils.epath import gpath
 
 from aiayn_flax import trainer
+from conftest import REPO
 from configs import multi30k
 
 BUCKET = "bucket"
+# A script run against the emulator: the client-side settings of `emulated_gcs`, then the
+# script itself with the command line's arguments.
+EMULATED_CLIENT = (
+    "from etils.epath import gpath; gpath._is_tf_installed = lambda: False\n"
+    "import gcsfs.retry; gcsfs.retry.errs = gcsfs.retry.errs - {501, '501'}\n"
+    f"import runpy; runpy.run_path({str(REPO / 'evaluate.py')!r}, run_name='__main__')\n")
 
 
 def give_downloads_their_generation():
@@ -126,7 +135,6 @@ def files_under(url: str) -> set[str]:
 
 def test_a_run_in_a_bucket_trains_resumes_and_evaluates_with_nothing_on_the_local_disk(
     emulated_gcs, local_tensorboard, small_corpus, tmp_path_factory, monkeypatch, caplog):
-  import evaluate
   cwd = tmp_path_factory.mktemp("cwd")
   monkeypatch.chdir(cwd)  # a URL taken for a local path would land here, e.g. ./gs:/bucket/run
   workdir = f"gs://{BUCKET}/run"
@@ -149,16 +157,14 @@ def test_a_run_in_a_bucket_trains_resumes_and_evaluates_with_nothing_on_the_loca
   tensorboard, asked = local_tensorboard
   assert asked[:2] == [workdir, workdir] and list(tensorboard.glob("events.out.tfevents.*"))
 
-  # evaluate.py reads the run's config, vocabulary and checkpoint from the bucket and writes
-  # its translation and scores there.
+  # evaluate.py, run as a user runs it, reads the run's config, vocabulary and checkpoint from
+  # the bucket and writes its translation and scores there.
   sources, references = small_corpus["validation"]
-  flags = evaluate.FLAGS
-  flags([evaluate.__file__, f"--workdir={workdir}", f"--src_file={sources}",
-         f"--ref_file={references}", "--beam_size=1", "--average_last=1"])
-  try:
-    evaluate.translate_and_score()
-  finally:
-    flags.unparse_flags()
+  result = subprocess.run(
+      [sys.executable, "-c", EMULATED_CLIENT, f"--workdir={workdir}", f"--src_file={sources}",
+       f"--ref_file={references}", "--beam_size=1", "--average_last=1"],
+      cwd=cwd, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
   assert files_under(f"{workdir}/eval") == {"validation.en.beam1_avg1_step6.hyp",
                                             "validation.en.beam1_avg1_step6.json"}
   hypotheses = epath.Path(f"{workdir}/eval/validation.en.beam1_avg1_step6.hyp").read_text()

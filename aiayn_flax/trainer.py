@@ -261,11 +261,10 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   # only a micro-batch must not run out of memory at its first evaluation.
   eval_batches = pipeline.batches_for_split(micro_config, vocab, config.dataset.eval_split,
                                             data_shards, shuffle=False)
-  source_tokens, target_tokens = train_batches.real_tokens_per_batch()
+  source_tokens, target_tokens, padding = train_batches.epoch_summary()
   logging.info("training batches: %.0f source and %.0f target real tokens per batch on average "
                "(tokens_per_batch %d), %.1f%% of their positions padding", source_tokens,
-               target_tokens, micro_config.tokens_per_batch,
-               100 * train_batches.padding_fraction())
+               target_tokens, micro_config.tokens_per_batch, 100 * padding)
 
   model = train_step.make_model(config)
   mngr = checkpoints.manager(workdir, keep=max(config.keep_checkpoints,

@@ -168,17 +168,18 @@ class TokenBucketedBatches:
 
   def padding_fraction(self) -> float:
     """Share of padded positions (both sides) in one epoch's batches."""
-    real = self.sources.lengths().sum() + self.targets.lengths().sum()
-    total = sum(2 * boundary * len(indices) for boundary, indices in self.epoch(0))
-    return 1.0 - real / total
+    return self.epoch_summary()[2]
 
-  def real_tokens_per_batch(self) -> tuple[float, float]:
-    """Mean real (source, target) tokens of one epoch's batches, the last partial batch of
-    each bucket left out (it is completed with empty rows)."""
+  def epoch_summary(self) -> tuple[float, float, float]:
+    """(mean real source tokens, mean real target tokens, padding fraction) of one epoch's
+    batches, from one pass over its batch list; the means leave out each bucket's last,
+    partial batch (it is completed with empty rows)."""
     source_lengths, target_lengths = self.sources.lengths(), self.targets.lengths()
-    sums = [(source_lengths[indices].sum(), target_lengths[indices].sum())
-            for _, indices in self.epoch(0) if not (indices == EMPTY_ROW).any()]
-    if not sums:
-      return 0.0, 0.0
-    source, target = np.mean(sums, axis=0)
-    return float(source), float(target)
+    sums, slots = [], 0
+    for boundary, indices in self.epoch(0):
+      slots += 2 * boundary * len(indices)
+      if not (indices == EMPTY_ROW).any():
+        sums.append((source_lengths[indices].sum(), target_lengths[indices].sum()))
+    source, target = np.mean(sums, axis=0) if sums else (0.0, 0.0)
+    padding = 1.0 - (source_lengths.sum() + target_lengths.sum()) / slots
+    return float(source), float(target), float(padding)

@@ -7,7 +7,8 @@
   python evaluate.py --hyp_file=out.de --ref_file=ref.de        # score only, no model
 
 Prints sacreBLEU (cased, 13a, with its signature), chrF, and the paper's tokenized BLEU
-(Moses tokenization + compound splitting). Writes the detokenized hypotheses and a JSON file
+(Moses tokenization + compound splitting); on Multi30k, also the lowercased tokenized BLEU
+that the Multi30k literature reports. Writes the detokenized hypotheses and a JSON file
 of the scores.
 """
 import json
@@ -31,6 +32,8 @@ flags.DEFINE_float("alpha", None, "Length penalty alpha (default: the run's conf
 flags.DEFINE_integer("average_last", None, "Average the last N checkpoints' parameters "
                      "(default: the run's config, e.g. 5 for base, 20 for big).")
 flags.DEFINE_integer("batch_size", None, "Sentences per decoding batch.")
+flags.DEFINE_boolean("multi30k_bleu", None, "Also print the Multi30k literature's lowercased, "
+                     "Moses-tokenized BLEU (default: on for Multi30k test sets).")
 flags.DEFINE_string("output_dir", None, "Where hypotheses and scores go "
                     "(default: WORKDIR/eval, or beside --hyp_file).")
 FLAGS = flags.FLAGS
@@ -55,7 +58,8 @@ def score_existing_translation() -> None:
   from aiayn_flax import scoring
   if not FLAGS.ref_file:
     raise app.UsageError("--hyp_file needs --ref_file")
-  scores = scoring.score_files(FLAGS.hyp_file, FLAGS.ref_file, FLAGS.target_lang or "de")
+  scores = scoring.score_files(FLAGS.hyp_file, FLAGS.ref_file, FLAGS.target_lang or "de",
+                               multi30k=bool(FLAGS.multi30k_bleu))
   print(scoring.format_scores(scores))
   output_dir = FLAGS.output_dir or os.path.dirname(os.path.abspath(FLAGS.hyp_file))
   write_outputs(output_dir, os.path.basename(FLAGS.hyp_file) + ".scores", None, scores)
@@ -71,11 +75,14 @@ def translate_and_score() -> None:
       raise app.UsageError("--src_file and --ref_file go together")
     sources, references = text_files.read_parallel_lines(FLAGS.src_file, FLAGS.ref_file)
     name = os.path.basename(FLAGS.src_file)
+    is_multi30k = False
   else:
     # Default: the run's test split (newstest2014 for WMT14 EN-DE, test2016 for Multi30k).
     testset = FLAGS.testset or f"split:{FLAGS.split or config.dataset.test_split}"
     sources, references = run_dir.testset_pairs(testset, config)
     name = testset.replace("/", "_").replace(":", "_")
+    is_multi30k = testset.startswith("multi30k/") or (
+        testset.startswith("split:") and config.dataset.name == "multi30k")
 
   beam_size = FLAGS.beam_size or config.beam_size
   alpha = config.length_penalty_alpha if FLAGS.alpha is None else FLAGS.alpha
@@ -91,7 +98,8 @@ def translate_and_score() -> None:
                                          if config.model.positions == "learned" else None))
   hypotheses = translator.translate(sources, progress_every=500)
   target_lang = FLAGS.target_lang or config.dataset.get("target_lang", "de")
-  scores = scoring.score_translations(hypotheses, references, target_lang)
+  multi30k_bleu = is_multi30k if FLAGS.multi30k_bleu is None else FLAGS.multi30k_bleu
+  scores = scoring.score_translations(hypotheses, references, target_lang, multi30k_bleu)
   scores |= {"checkpoint_steps": steps, "beam_size": beam_size, "alpha": alpha,
              "versions": provenance.software_versions()}
   print(scoring.format_scores(scores))

@@ -1,6 +1,6 @@
 """Scoring translations: sacreBLEU (the number to publish) and the paper's tokenized BLEU.
 
-Two protocols, both computed with sacrebleu's own classes (no hand-written n-gram counting):
+Three protocols, both computed with sacrebleu's own classes (no hand-written n-gram counting):
 
 * sacreBLEU on detokenized text: cased BLEU with the 13a tokenizer and exp smoothing, and chrF2,
   each with its signature. This is the comparable, reproducible figure.
@@ -10,13 +10,19 @@ Two protocols, both computed with sacrebleu's own classes (no hand-written n-gra
   (whitespace tokens, cased, no smoothing). 27.3 (base) and 28.4 (big) on newstest2014 EN-DE
   were measured this way. It reads higher than sacreBLEU on the same output (OPUS-MT on
   newstest2014: 28.18 against 27.60), mostly because each split compound adds two easy matches.
+* The Multi30k literature's BLEU (the WMT multimodal translation task's scoring): both sides
+  lowercased, punctuation-normalized and Moses-tokenized exactly as multi30k/dataset made its
+  `data/task1/tok/*.lc.norm.tok.*` files (lowercase.perl | normalize-punctuation.perl -l LANG |
+  tokenizer.perl -l LANG), then multi-bleu.perl. It is not comparable with cased sacreBLEU
+  (it reads higher: docs/RESULTS.md gives both on the same outputs); it is printed only so
+  that a Multi30k result can be set beside published ones.
 """
 import functools
 import re
 
 import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
-from sacremoses import MosesTokenizer
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from aiayn_flax.data.text_files import read_lines
 
@@ -33,6 +39,12 @@ PAPER_PROTOCOL = (
     "tensor2tensor get_ende_bleu.sh: sacremoses MosesTokenizer(lang={lang}) on hypotheses and "
     "references (escape=True, like tokenizer.perl), compound splitting (\\S)-(\\S) -> "
     "##AT##-##AT##, corpus BLEU-4 on whitespace tokens, cased, no smoothing (multi-bleu.perl)")
+
+MULTI30K_PROTOCOL = (
+    "Multi30k / WMT multimodal task: lowercased, sacremoses MosesPunctNormalizer(lang={lang}) "
+    "and MosesTokenizer(lang={lang}) (escape=True) on hypotheses and references, as "
+    "multi30k/dataset's data/task1/tok files; corpus BLEU-4 on whitespace tokens, no smoothing "
+    "(multi-bleu.perl)")
 
 
 def split_compounds(text: str) -> str:
@@ -142,11 +154,42 @@ def paper_tokenized_bleu(hypotheses: list[str], references: list[str], lang: str
   return scores | {"protocol": PAPER_PROTOCOL.format(lang=lang)}
 
 
-def score_translations(hypotheses: list[str], references: list[str], target_lang: str) -> dict:
-  """sacreBLEU, chrF2 and the paper's tokenized BLEU in one JSON-serialisable dict."""
+@functools.lru_cache(maxsize=None)
+def _moses_punct_normalizer(lang: str) -> MosesPunctNormalizer:
+  return MosesPunctNormalizer(lang=lang)
+
+
+def multi30k_tokenize(text: str, lang: str) -> str:
+  """A raw line as multi30k/dataset's `*.lc.norm.tok.*` files hold it: lowercased, then
+  punctuation normalized, then Moses-tokenized (tokenizer.perl defaults, escaping on).
+  Reproduces those files of test2016 and test2017 byte for byte (tests/test_scoring.py)."""
+  normalized = _moses_punct_normalizer(lang).normalize(text.lower())
+  return moses_tokenize(normalized, lang)
+
+
+def multi30k_bleu(hypotheses: list[str], references: list[str], lang: str) -> dict:
+  """The BLEU the Multi30k literature reports (see the module docstring), from raw text."""
+  _check_same_length(hypotheses, references)
+  scores = tokenized_bleu([multi30k_tokenize(h, lang).split() for h in hypotheses],
+                          [multi30k_tokenize(r, lang).split() for r in references],
+                          smooth="none")
+  return scores | {"protocol": MULTI30K_PROTOCOL.format(lang=lang)}
+
+
+def score_translations(hypotheses: list[str], references: list[str], target_lang: str,
+                       multi30k: bool = False) -> dict:
+  """sacreBLEU, chrF2 and the paper's tokenized BLEU in one JSON-serialisable dict; with
+  `multi30k`, also the Multi30k literature's lowercased tokenized BLEU."""
   _check_same_length(hypotheses, references)
   sacre = sacrebleu_scores(hypotheses, references)
   paper = paper_tokenized_bleu(hypotheses, references, target_lang)
+  extra = {}
+  if multi30k:
+    lowercased = multi30k_bleu(hypotheses, references, target_lang)
+    extra = {"multi30k_bleu": lowercased["score"],
+             "multi30k_bleu_protocol": lowercased["protocol"],
+             "multi30k_bleu_details": {k: v for k, v in lowercased.items()
+                                       if k not in ("score", "protocol")}}
   bleu_details = {
       k: v for k, v in sacre["bleu"].items() if k not in ("score", "signature", "line")}
   return {
@@ -164,28 +207,34 @@ def score_translations(hypotheses: list[str], references: list[str], target_lang
       "tokenized_bleu_details": {
           k: v for k, v in paper.items() if k not in ("score", "protocol")},
       "sacrebleu_version": sacrebleu.__version__,
-  }
+  } | extra
 
 
-def score_files(hyp_path: str, ref_path: str, target_lang: str) -> dict:
+def score_files(hyp_path: str, ref_path: str, target_lang: str, multi30k: bool = False) -> dict:
   """score_translations on two aligned text files (one segment per line)."""
   hypotheses, references = read_lines(hyp_path), read_lines(ref_path)
   if len(hypotheses) != len(references):
     raise ValueError(
         f"hypothesis and reference files differ in length: {hyp_path} has {len(hypotheses)} "
         f"lines, {ref_path} has {len(references)} lines")
-  return score_translations(hypotheses, references, target_lang) | {
+  return score_translations(hypotheses, references, target_lang, multi30k) | {
       "hypotheses_file": hyp_path, "references_file": ref_path}
 
 
 def format_scores(scores: dict) -> str:
   """A few human-readable lines from a score_translations dict."""
-  paper = scores["tokenized_bleu_details"]
-  precisions = "/".join(f"{p:.1f}" for p in paper["precisions"])
-  return "\n".join([
-      scores["sacrebleu_line"],
-      scores["chrf_line"],
-      f"tokenized BLEU (paper protocol) = {scores['tokenized_bleu']:.2f} {precisions} "
-      f"(BP = {paper['bp']:.3f} hyp_len = {paper['hyp_len']} ref_len = {paper['ref_len']})",
-      f"  protocol: {scores['tokenized_bleu_protocol']}",
-  ])
+  lines = [scores["sacrebleu_line"], scores["chrf_line"],
+           _bleu_line("tokenized BLEU (paper protocol)", scores["tokenized_bleu"],
+                      scores["tokenized_bleu_details"]),
+           f"  protocol: {scores['tokenized_bleu_protocol']}"]
+  if "multi30k_bleu" in scores:
+    lines += [_bleu_line("lowercased tokenized BLEU (Multi30k literature, not comparable with "
+                         "sacreBLEU)", scores["multi30k_bleu"], scores["multi30k_bleu_details"]),
+              f"  protocol: {scores['multi30k_bleu_protocol']}"]
+  return "\n".join(lines)
+
+
+def _bleu_line(name: str, score: float, details: dict) -> str:
+  precisions = "/".join(f"{p:.1f}" for p in details["precisions"])
+  return (f"{name} = {score:.2f} {precisions} (BP = {details['bp']:.3f} "
+          f"hyp_len = {details['hyp_len']} ref_len = {details['ref_len']})")

@@ -203,3 +203,49 @@ def test_score_files_names_both_files_and_counts_on_length_mismatch(tmp_path):
 def test_score_translations_names_both_counts_on_length_mismatch():
   with pytest.raises(ValueError, match=r"2 hypotheses but 3 references"):
     scoring.score_translations(["a", "b"], ["a", "b", "c"], "de")
+
+
+MULTI30K = DATA_DIR / "multi30k"
+
+
+@pytest.mark.parametrize("stem, lang, published_sha256", [
+    # sha256 of multi30k/dataset's data/task1/tok/{stem}.lc.norm.tok.{lang} (commit a3d2e0d).
+    ("test_2016_flickr", "de", "c6a33d39d48f9f510de147651316cd9d918e09ad0219df734a2f16b6baccacc4"),
+    ("test_2016_flickr", "en", "5b7f32627cf99eced828311b955dae9800bb52bc8b91cf8b6526829e605b29d2"),
+    ("test_2017_flickr", "de", "02067e4a9402786a4fcb8c1b6f4307e4a5073ced64800abead5273b54f5f31f6"),
+])
+def test_multi30k_tokenization_reproduces_the_published_tokenized_files(stem, lang,
+                                                                        published_sha256):
+  import gzip
+  import hashlib
+  with gzip.open(MULTI30K / f"{stem}.{lang}.gz", "rt", encoding="utf-8") as f:
+    raw = f.read().splitlines()
+  tokenized = "".join(scoring.multi30k_tokenize(line, lang) + "\n" for line in raw)
+  assert hashlib.sha256(tokenized.encode("utf-8")).hexdigest() == published_sha256
+
+
+def test_multi30k_bleu_ignores_case_and_scores_tokens():
+  references = ["Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+                "Ein Boston Terrier läuft über saftig-grünes Gras vor einem weißen Zaun."]
+  hypotheses = ["EIN MANN MIT EINEM ORANGEFARBENEN HUT, DER ETWAS ANSTARRT.",
+                "ein boston terrier läuft über saftig-grünes gras vor einem weißen zaun ."]
+  scores = scoring.multi30k_bleu(hypotheses, references, "de")
+  assert scores["score"] == pytest.approx(100.0)
+  assert scores["hyp_len"] == scores["ref_len"] == 11 + 12  # "hut ," and "anstarrt ." split
+  assert sacrebleu.corpus_bleu(hypotheses, [references]).score < 50  # cased sacreBLEU differs
+  # One wrong word in 23: the same counts as tokenized_bleu on the published tokens.
+  wrong = ["ein mann mit einem roten hut , der etwas anstarrt .", hypotheses[1]]
+  expected = scoring.tokenized_bleu(
+      [line.split() for line in wrong],
+      [scoring.multi30k_tokenize(line, "de").split() for line in references])
+  assert scoring.multi30k_bleu(wrong, references, "de")["score"] == expected["score"] < 100
+
+
+def test_multi30k_bleu_is_printed_only_when_asked(opusmt_scores):
+  assert "multi30k_bleu" not in opusmt_scores
+  assert "Multi30k" not in scoring.format_scores(opusmt_scores)
+  scores = scoring.score_translations(["Ein Hund läuft durch den Schnee."],
+                                      ["ein hund läuft durch den schnee ."], "de", multi30k=True)
+  assert scores["multi30k_bleu"] == pytest.approx(100.0)
+  assert "lowercased tokenized BLEU (Multi30k literature" in scoring.format_scores(scores)
+  json.dumps(scores)

@@ -53,9 +53,7 @@ def largest_memory_bucket(config, model_config, micro_tokens: int, data_shards: 
   the data), and only the attention probabilities grow with the length, so it is the longest
   bucket unless rounding leaves it many fewer tokens than a shorter one: rank them by
   dry_run's per-token estimate x the slots each batch can hold, and compile that one."""
-  boundaries = bucketing.bucket_boundaries(
-      config.dataset.bucket_min_length, config.dataset.max_length, config.dataset.bucket_growth,
-      config.dataset.bucket_quantum)
+  boundaries = bucketing.boundaries_for(config.dataset)
 
   def activation_bytes(boundary):
     rows = bucketing.padded_budget(micro_tokens) // boundary // data_shards * data_shards

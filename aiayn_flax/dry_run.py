@@ -146,9 +146,7 @@ def memory_plan(config, kind: devices.DeviceKind, mesh: dict[str, int],
 
 
 def plan(config) -> dict:
-  boundaries = bucketing.bucket_boundaries(config.dataset.bucket_min_length,
-                                           config.dataset.max_length, config.dataset.bucket_growth,
-                                           config.dataset.bucket_quantum)
+  boundaries = bucketing.boundaries_for(config.dataset)
   kind, num_devices = target_devices(config)
   config = config.copy_and_resolve_references()
   config.model.dtype = devices.compute_dtype(config.model.dtype, kind)  # "auto" for this kind

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from aiayn_flax import checkpoints, paths, train_step
-from aiayn_flax.data import pipeline
+from aiayn_flax.data import pipeline, source_text
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -53,7 +53,7 @@ def testset_pairs(testset: str, config) -> tuple[list[str], list[str]]:
   if testset == "wmt14":
     return newstest2014_pairs()
   if testset.startswith("split:"):
-    return pipeline.text_pairs(config, testset.split(":", 1)[1])
+    return source_text.text_pairs(config, testset.split(":", 1)[1])
   raise ValueError(f"--testset={testset!r}: expected multi30k/SPLIT, wmt14 or split:NAME")
 
 

@@ -15,7 +15,7 @@ from jax.experimental import multihost_utils
 
 from aiayn_flax import (checkpoints, config_checks, paths, provenance, scoring, sharding,
                         train_step)
-from aiayn_flax.data import bucketing, pipeline, prefetch
+from aiayn_flax.data import bucketing, pipeline, prefetch, source_text
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
 
@@ -282,7 +282,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
       config.dataset.toy_eval_examples if config.dataset.name == "toy_reverse" else 0)
   if num_bleu:
     bleu_sources, bleu_references = (
-        lines[:num_bleu] for lines in pipeline.text_pairs(config, config.dataset.eval_split))
+        lines[:num_bleu] for lines in source_text.text_pairs(config, config.dataset.eval_split))
     translator = Translator(model, None, vocab, beam_size=1,
                             extra_length=config.decode_extra_length,
                             batch_size=config.decode_batch_size)

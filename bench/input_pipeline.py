@@ -30,16 +30,16 @@ sys.path.insert(0, REPO)
 import numpy as np  # noqa: E402
 
 from aiayn_flax import accelerator_targets, dry_run, run_dir, trainer  # noqa: E402
-from aiayn_flax.data import bucketing, pipeline, ragged, vocabulary  # noqa: E402
+from aiayn_flax.data import bucketing, ragged, tokenized, vocabulary  # noqa: E402
 
 TARGETS = ("tpu-v4-8", "gpu-a100x8")
 
 
-def newstest_ids(config, workdir: str) -> pipeline.TokenizedSplit:
+def newstest_ids(config, workdir: str) -> tokenized.TokenizedSplit:
   sources, targets = run_dir.newstest2014_pairs()
   vocab = vocabulary.train_vocabulary(sources + targets, os.path.join(workdir, "bench.model"),
                                       8000, "bpe", character_coverage=0.9995)
-  return pipeline.tokenize_for_training(sources, targets, vocab, config.dataset.max_length)
+  return tokenized.tokenize_for_training(sources, targets, vocab, config.dataset.max_length)
 
 
 def tiled(ids: ragged.RaggedIds, pairs: int) -> ragged.RaggedIds:
@@ -116,9 +116,7 @@ def main():
   print(f"corpus: {len(sources)} pairs, {sources.lengths().sum() + targets.lengths().sum()} "
         f"tokens (newstest2014 tiled; {newstest.skipped_long} pairs over max_length left out)")
 
-  dataset = config.dataset
-  boundaries = bucketing.bucket_boundaries(dataset.bucket_min_length, dataset.max_length,
-                                           dataset.bucket_growth, dataset.bucket_quantum)
+  boundaries = bucketing.boundaries_for(config.dataset)
   start = time.perf_counter()
   batches = bucketing.TokenBucketedBatches(sources, targets, boundaries, config.tokens_per_batch,
                                            seed=config.seed)

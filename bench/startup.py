@@ -31,7 +31,8 @@ sys.path.insert(0, REPO)
 import numpy as np  # noqa: E402
 
 from aiayn_flax import run_dir  # noqa: E402
-from aiayn_flax.data import bucketing, multi30k, pipeline, text_files  # noqa: E402
+from aiayn_flax.data import (  # noqa: E402
+    bucketing, multi30k, pipeline, source_text, text_files, tokenized)
 
 
 def real_pairs() -> tuple[list[list[str]], list[list[str]]]:
@@ -87,7 +88,7 @@ def main():
     if split != train_split:
       raise ValueError(f"the bench serves only the {train_split!r} split, not {split!r}")
     return synthetic_chunks(words, args.pairs, chunk_pairs, config.seed)
-  pipeline._tfds_pair_chunks = chunks  # where tfds would be read
+  source_text._tfds_pair_chunks = chunks  # where tfds would be read
   print(f"corpus: {args.pairs} pairs recombined from {len(words[0])} real EN-DE pairs; "
         f"{os.cpu_count()} cores; vocabulary {config.model.vocab_size} "
         f"{config.dataset.vocab_model_type} pieces, sample of "
@@ -106,15 +107,13 @@ def main():
   vocab = stage("vocabulary (sample + SentencePiece)",
                 lambda: pipeline.vocabulary_for(config, args.workdir))
   print(f"vocabulary: {vocab.vocab_size} pieces")
-  tokenized = stage("tokenize + cache", lambda: pipeline.tokenized_split(config, vocab,
-                                                                        train_split))
-  dataset = config.dataset
-  boundaries = bucketing.bucket_boundaries(dataset.bucket_min_length, dataset.max_length,
-                                           dataset.bucket_growth, dataset.bucket_quantum)
+  split_ids = stage("tokenize + cache",
+                    lambda: tokenized.split_ids(config, vocab, train_split))
+  boundaries = bucketing.boundaries_for(config.dataset)
   first = stage("batch list", lambda: bucketing.TokenBucketedBatches(
-      tokenized.sources, tokenized.targets, boundaries, config.tokens_per_batch,
+      split_ids.sources, split_ids.targets, boundaries, config.tokens_per_batch,
       seed=config.seed).epoch(0))
-  del tokenized
+  del split_ids
   resumed = stage("resumed run: cache read + batch list", lambda: pipeline.batches_for_split(
       config, vocab, train_split, batch_multiple=1, shuffle=True).epoch(0))
   assert len(resumed) == len(first)

@@ -2,17 +2,17 @@
 import numpy as np
 import pytest
 
-from aiayn_flax.data import bucketing, pipeline, vocabulary
+from aiayn_flax.data import bucketing, source_text, tokenized, vocabulary
 from configs import multi30k
 
 
 @pytest.fixture(scope="module")
 def tokenized_train(shared_data, tmp_path_factory):
   config = multi30k.get_config()
-  sources, targets = pipeline.text_pairs(config, "train")
+  sources, targets = source_text.text_pairs(config, "train")
   vocab = vocabulary.train_vocabulary(sources[:5000] + targets[:5000],
                                       str(tmp_path_factory.mktemp("vocab") / "v.model"), 2000)
-  split = pipeline.tokenize_for_training(sources, targets, vocab, config.dataset.max_length)
+  split = tokenized.tokenize_for_training(sources, targets, vocab, config.dataset.max_length)
   assert len(split.sources) == 29000 and split.skipped_empty == split.skipped_long == 0
   return config, split
 
@@ -146,7 +146,7 @@ def newstest_tokenized(shared_data, tmp_path_factory):
   vocab = vocabulary.train_vocabulary(sources + targets,
                                       str(tmp_path_factory.mktemp("bpe") / "v.model"), 8000,
                                       "bpe", character_coverage=0.9995)
-  return pipeline.tokenize_for_training(sources, targets, vocab, 256)
+  return tokenized.tokenize_for_training(sources, targets, vocab, 256)
 
 
 @pytest.mark.parametrize("corpus,tokens_per_batch,shards,accumulation,step_tolerance", [

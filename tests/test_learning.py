@@ -4,7 +4,7 @@ SentencePiece vocabulary, at a size that trains in about a minute on 2 cores."""
 import numpy as np
 
 from aiayn_flax import trainer
-from aiayn_flax.data import pipeline
+from aiayn_flax.data import pipeline, tokenized
 from configs import multi30k
 
 
@@ -28,8 +28,8 @@ def test_paper_regularisation_learns_multi30k_well_beyond_a_unigram_model(shared
   # targets' unigram distribution (add-one smoothed), scored on the validation targets: 5.24
   # nats per token; the model reached 3.45 (0.66 of it) when this test was written.
   vocab = pipeline.vocabulary_for(config, str(tmp_path))
-  train = pipeline.tokenized_split(config, vocab, config.dataset.train_split)
-  valid = pipeline.tokenized_split(config, vocab, config.dataset.eval_split)
+  train = tokenized.split_ids(config, vocab, config.dataset.train_split)
+  valid = tokenized.split_ids(config, vocab, config.dataset.eval_split)
   counts = np.bincount(np.asarray(train.targets.flat), minlength=config.model.vocab_size) + 1
   unigram_nll = -np.mean(np.log(counts / counts.sum())[np.asarray(valid.targets.flat)])
   assert summary["valid/nll"] < 0.7 * unigram_nll, (summary["valid/nll"], unigram_nll)

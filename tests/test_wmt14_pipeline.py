@@ -12,7 +12,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from aiayn_flax import devices, dry_run, flops
-from aiayn_flax.data import bucketing, pipeline
+from aiayn_flax.data import bucketing, pipeline, source_text, tokenized, vocabulary
 from aiayn_flax.data.ragged import EMPTY_ROW, RaggedIds
 from configs import base, big, big_enfr
 
@@ -59,10 +59,10 @@ def small_wmt14_config():
 def test_wmt14_text_pairs_are_english_to_german_in_file_order(mocked_wmt14):
   config = small_wmt14_config()
   for split in ("train", "validation", "test"):
-    assert pipeline.text_pairs(config, split) == parallel_text(split)
+    assert source_text.text_pairs(config, split) == parallel_text(split)
   config.dataset.target_lang = "fr"
   with pytest.raises(ValueError, match="not among them"):
-    pipeline.text_pairs(config, "validation")
+    source_text.text_pairs(config, "validation")
 
 
 def test_wmt14_batches_are_english_to_german_within_the_token_budget(mocked_wmt14, tmp_path):
@@ -102,26 +102,26 @@ def test_streamed_sample_is_uniform_exact_and_in_stream_order():
   chunks = [(numbers[i:i + 300], numbers[i + 300:i + 600]) for i in range(0, 10_000, 600)]
   stream = [s for sources, targets in chunks for s in sources + targets]
   assert stream == numbers
-  sample = pipeline.streamed_sample(iter(chunks), 1000, seed=0)
+  sample = vocabulary.streamed_sample(iter(chunks), 1000, seed=0)
   assert len(set(sample)) == 1000
   positions = [int(s) for s in sample]  # the stream is 0, 1, 2, ... in order
   assert positions == sorted(positions)
   assert 350 < sum(int(s) < 5000 for s in sample) < 650  # not biased to either half
-  assert pipeline.streamed_sample(iter(chunks), 1000, seed=1) != sample
-  assert pipeline.streamed_sample(iter(chunks), 0, seed=0) == stream  # 0: everything
-  assert sorted(pipeline.streamed_sample(iter(chunks), 20_000, seed=0)) == sorted(stream)
+  assert vocabulary.streamed_sample(iter(chunks), 1000, seed=1) != sample
+  assert vocabulary.streamed_sample(iter(chunks), 0, seed=0) == stream  # 0: everything
+  assert sorted(vocabulary.streamed_sample(iter(chunks), 20_000, seed=0)) == sorted(stream)
 
 
 def test_tokenized_splits_are_cached_beside_the_vocabulary(mocked_wmt14, tmp_path, monkeypatch):
   config = small_wmt14_config()
   vocab = pipeline.vocabulary_for(config, str(tmp_path))
   first = pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False)
-  cached = os.listdir(tmp_path / pipeline.TOKENIZED_DIRNAME)
+  cached = os.listdir(tmp_path / tokenized.TOKENIZED_DIRNAME)
   assert len(cached) == 1 and cached[0].startswith("wmt14_translate_de-en-validation-")
 
   def no_tokenizing(*args, **kwargs):
     raise AssertionError("tokenized again instead of reading the cache")
-  monkeypatch.setattr(pipeline, "_tokenize_chunks", no_tokenizing)
+  monkeypatch.setattr(tokenized, "_tokenize_chunks", no_tokenizing)
   again = pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False)
   for (_, a), (_, b) in zip(first.iterate(num_epochs=1), again.iterate(num_epochs=1)):
     np.testing.assert_array_equal(a["inputs"], b["inputs"])

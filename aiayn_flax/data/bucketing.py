@@ -35,6 +35,12 @@ def bucket_boundaries(min_length: int, max_length: int, growth: float,
   return boundaries
 
 
+def boundaries_for(dataset) -> list[int]:
+  """The bucket boundaries of a config's `dataset` block."""
+  return bucket_boundaries(dataset.bucket_min_length, dataset.max_length, dataset.bucket_growth,
+                           dataset.bucket_quantum)
+
+
 # Padded slots a batch may use per real token asked for. With buckets growing by 1.25 a bucket's
 # examples fill 80-100% of its length, so its rows can reach tokens_per_batch real tokens
 # within this budget; the shortest buckets (lengths 1..8) pad more and stop at the budget.

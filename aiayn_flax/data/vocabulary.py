@@ -151,3 +151,40 @@ def load_vocabulary(model_path: str) -> Vocabulary:
     raise FileNotFoundError(
         f"{model_path}: no SentencePiece model there (train_vocabulary writes one)")
   return Vocabulary(path.read_bytes(), model_path)
+
+
+def streamed_sample(chunks: Iterable[tuple[list[str], list[str]]], size: int,
+                    seed: int) -> list[str]:
+  """`size` sentences (0: all) drawn uniformly without replacement from a stream of
+  (sources, targets) chunks, in stream order, in one pass: each sentence draws a random key
+  and the `size` smallest keys are kept (bottom-k sampling). At most 2 x size sentences, plus
+  a chunk, are held at once."""
+  rng = np.random.default_rng(seed)
+  keys, positions, kept = [], [], []  # arrays of the kept keys and positions, per chunk
+  threshold, seen = np.inf, 0
+  for sources, targets in chunks:
+    sentences = sources + targets
+    if not size:
+      kept += sentences
+      continue
+    chunk_keys = rng.random(len(sentences))
+    chosen = np.flatnonzero(chunk_keys < threshold)
+    keys.append(chunk_keys[chosen])
+    positions.append(seen + chosen)
+    kept += [sentences[i] for i in chosen]
+    seen += len(sentences)
+    if len(kept) >= 2 * size:
+      keys, positions, kept, threshold = _smallest_keys(keys, positions, kept, size)
+  if not size:
+    return kept
+  if len(kept) > size:
+    keys, positions, kept, _ = _smallest_keys(keys, positions, kept, size)
+  order = np.argsort(np.concatenate(positions), kind="stable") if positions else []
+  return [kept[i] for i in order]
+
+
+def _smallest_keys(keys, positions, kept, size):
+  """The `size` entries with the smallest keys (as one-chunk lists), and the largest of them."""
+  keys, positions = np.concatenate(keys), np.concatenate(positions)
+  best = np.argpartition(keys, size - 1)[:size]
+  return [keys[best]], [positions[best]], [kept[i] for i in best], keys[best].max()

@@ -1,0 +1,134 @@
+"""Stage 3 of the data flow (see pipeline.py): token ids of a split, cached in the workdir.
+
+Tokenized splits are cached beside the vocabulary (WORKDIR/tokenized/*.npz: token ids +
+offsets), keyed by the vocabulary file, the dataset, the split and max_length, so that later
+runs and restarts skip tokenization. The tokenizer works chunk by chunk on the streamed text.
+"""
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import re
+import zipfile
+
+import numpy as np
+from absl import logging
+from etils import epath
+
+from aiayn_flax import paths
+from aiayn_flax.data import ragged, source_text, vocabulary
+from aiayn_flax.data.ragged import RaggedIds
+from aiayn_flax.data.source_text import TextChunks
+
+TOKENIZED_DIRNAME = "tokenized"
+_CACHE_FORMAT = 1  # bump when the cached arrays change meaning
+
+
+@dataclasses.dataclass
+class TokenizedSplit:
+  sources: RaggedIds  # token ids ending in EOS
+  targets: RaggedIds
+  skipped_empty: int = 0
+  skipped_long: int = 0
+
+
+def tokenize_for_training(sources: list[str], targets: list[str], vocab,
+                          max_length: int) -> TokenizedSplit:
+  """Token ids + EOS; drops (and counts) empty pairs and pairs longer than max_length."""
+  return _tokenize_chunks([(sources, targets)], vocab, max_length)
+
+
+def _tokenize_chunks(chunks: TextChunks, vocab, max_length: int) -> TokenizedSplit:
+  """tokenize_for_training over a stream of chunks. Ids are stored as uint16 when the
+  vocabulary allows (batches are int32 all the same: bucketing copies them into int32 rows)."""
+  dtype = np.uint16 if vocab.vocab_size <= 2**16 else np.int32
+  flat_parts, length_parts = ([], []), ([], [])  # (sources, targets) each
+  skipped_empty = skipped_long = 0
+  for sources, targets in chunks:
+    kept = ([], [])
+    for s, t in zip(vocab.encode_batch(sources), vocab.encode_batch(targets)):
+      if not s or not t:
+        skipped_empty += 1
+      elif max(len(s), len(t)) + 1 > max_length:
+        skipped_long += 1
+      else:
+        kept[0].append(s)
+        kept[1].append(t)
+    for side, sequences in enumerate(kept):
+      lengths = np.fromiter(map(len, sequences), np.int64, len(sequences)) + 1
+      flat = np.fromiter(itertools.chain.from_iterable(s + [vocabulary.EOS_ID] for s in sequences),
+                         dtype, int(lengths.sum()))
+      flat_parts[side].append(flat)
+      length_parts[side].append(lengths)
+  return TokenizedSplit(ragged.from_parts(flat_parts[0], length_parts[0], dtype),
+                        ragged.from_parts(flat_parts[1], length_parts[1], dtype),
+                        skipped_empty, skipped_long)
+
+
+def split_ids(config, vocab, split: str) -> TokenizedSplit:
+  """A split's token ids: read from the tokenized cache beside the vocabulary file when there,
+  else tokenized chunk by chunk and cached. (The toy task's vocabulary has no file, and no
+  cache: its pairs are generated in a moment.)"""
+  path, key = _cache_path_and_key(config, vocab, split)
+  if path:
+    cached = _read_tokenized(path, key)
+    if cached is not None:
+      logging.info("%s/%s: token ids read from %s", config.dataset.name, split, path)
+      return cached
+  ids = _tokenize_chunks(source_text.text_pair_chunks(config, split), vocab,
+                         config.dataset.max_length)
+  if path:
+    _write_tokenized(path, key, ids)
+  return ids
+
+
+def _cache_path_and_key(config, vocab, split: str) -> tuple[epath.Path | None, str | None]:
+  """(WORKDIR/tokenized/NAME-SPLIT-DIGEST.npz, the JSON key the digest is of)."""
+  model_path = getattr(vocab, "model_path", None)
+  if not model_path or not epath.Path(model_path).exists():
+    return None, None
+  vocabulary_sha256 = hashlib.sha256(epath.Path(model_path).read_bytes()).hexdigest()
+  dataset = config.dataset
+  key = {"format": _CACHE_FORMAT, "vocabulary_sha256": vocabulary_sha256,
+         "dataset": dataset.name, "split": split, "max_length": dataset.max_length,
+         "source_lang": dataset.get("source_lang"), "target_lang": dataset.get("target_lang")}
+  if dataset.name == "parallel_text" and split in dataset.get("files", {}):
+    key["files"] = [[os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns]
+                    for p in dataset.files[split] if os.path.exists(p)]
+  key_text = json.dumps(key, sort_keys=True)
+  digest = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+  stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{dataset.name}-{split}")
+  return epath.Path(model_path).parent / TOKENIZED_DIRNAME / f"{stem}-{digest}.npz", key_text
+
+
+def _read_tokenized(path: epath.Path, key: str) -> TokenizedSplit | None:
+  if not path.exists():
+    return None
+  try:
+    with path.open("rb") as f, np.load(f) as arrays:
+      if str(arrays["key"]) != key:
+        logging.warning("%s was written for another key; tokenizing again", path)
+        return None
+      skipped_empty, skipped_long = arrays["skipped"].tolist()
+      return TokenizedSplit(RaggedIds(arrays["source_ids"], arrays["source_offsets"]),
+                            RaggedIds(arrays["target_ids"], arrays["target_offsets"]),
+                            skipped_empty, skipped_long)
+  except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+    logging.warning("%s: unreadable tokenized cache (%s); tokenizing again", path, e)
+    return None
+
+
+def _write_tokenized(path: epath.Path, key: str, tokenized: TokenizedSplit) -> None:
+  """Writes the cache through a temporary file (a reader never sees half of one); a failure
+  to write only costs the next run a tokenization."""
+  def write(f):
+    np.savez(f, key=np.array(key), source_ids=tokenized.sources.flat,
+             source_offsets=tokenized.sources.offsets, target_ids=tokenized.targets.flat,
+             target_offsets=tokenized.targets.offsets,
+             skipped=np.array([tokenized.skipped_empty, tokenized.skipped_long]))
+  try:
+    paths.write_atomically(path, write)
+    logging.info("token ids cached in %s", path)
+  except OSError as e:
+    logging.warning("could not cache token ids in %s: %s", path, e)

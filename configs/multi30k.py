@@ -32,7 +32,8 @@ def get_config():
   c.warmup_steps = 1000
   c.learning_rate_scale = 1.0
   # Real tokens per side. 2200 gives the batches the quick start was timed and scored with
-  # when the budget counted padded slots (2560): 2164/2239 real tokens, 2566 slots per step.
+  # when the budget counted padded slots (2560): 2164/2239 real tokens, 2566 slots per step
+  # (`python bench/batch_shapes.py --padded_slots=2560`).
   c.tokens_per_batch = 2200
   c.num_train_steps = 1500
   c.log_every_steps = 50

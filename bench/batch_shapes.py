@@ -27,11 +27,11 @@ from aiayn_flax.data.ragged import EMPTY_ROW  # noqa: E402
 def describe(batches) -> tuple[float, float, float, float]:
   """(real source tokens, real target tokens, padded slots per side, padding) per batch, over
   the full batches of one epoch (each bucket's last batch is partly empty rows)."""
-  source, target, _ = batches.epoch_summary()
+  source, target, padding = batches.epoch_summary()
   full = [(boundary, indices) for boundary, indices in batches.epoch(0)
           if not (indices == EMPTY_ROW).any()]
   slots = float(np.mean([boundary * len(indices) for boundary, indices in full]))
-  return source, target, slots, batches.padding_fraction()
+  return source, target, slots, padding
 
 
 def main():

@@ -35,8 +35,12 @@ quickstart: venv
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016 --beam_size=1 --average_last=1
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016
 
+# Two pytest workers (pytest-xdist), one test file each at a time: a file's module fixtures
+# are built once. Most tests wait on a compile or a subprocess, so two share 2 cores well.
+TEST_WORKERS ?= 2
+
 test: venv
-	$(PY) -m pytest tests --durations=20
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 clean:
 	rm -rf $(VENV)

@@ -8,7 +8,7 @@ embedding), post-LN, shared 8k SentencePiece vocabulary tied to the output proje
 0.1, label smoothing 0.1, Adam(0.9, 0.98, 1e-9) with the inverse-square-root schedule: warmup
 1000, scale 1, so the peak learning rate (step 1000) is 128^-0.5 * 1000^-0.5 = 2.8e-3. 3400
 steps are 15.7 epochs. Measured worse (docs/RECIPE.md): d_model 256 with 3+3 layers (1500
-steps in the same minutes), dropout 0.2 at 3400 steps, and learning-rate scale 2.
+steps, about 0.8x these minutes), dropout 0.2 at 3400 steps, and learning-rate scale 2.
 """
 from configs import base
 

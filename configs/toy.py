@@ -23,9 +23,9 @@ def get_config():
                  dropout_rate=0.0)
   c.label_smoothing = 0.0
   c.warmup_steps = 200
-  # Peak 1.1e-3: 0.995 exact match at step 1000 with seeds 0, 1 and 2 on an AVX-512 host.
-  # Scale 0.25 (peak 2.2e-3) gave 0.975 on the hosts of 2026-11-22 but 0.870 on that one (float
-  # rounding depends on the CPU's kernels); scale 0.5 was on the edge (0.94, then 0.80 twenty
+  # Peak 1.1e-3: 0.995 exact match at step 1000 with seeds 0, 1 and 2 on the AVX-512 host of
+  # 2026-11-25. Scale 0.25 (peak 2.2e-3) gave 0.975 on the hosts of 2026-11-22 but 0.870 on
+  # that one (float rounding depends on the CPU's kernels); scale 0.5 was on the edge (0.94, then 0.80 twenty
   # steps later) and scale 2 diverges at d_model 64.
   c.learning_rate_scale = 0.125
   # Real tokens: batches of 64 rows of 8 and 40 of 12 (when the budget counted padded slots,

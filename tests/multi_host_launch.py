@@ -1,0 +1,94 @@
+"""Several hosts on one machine: N copies of a command joined into one JAX cluster over
+loopback (jax.distributed, gloo collectives on the CPU), D simulated devices each.
+
+    results = launch(["train.py", "--config=configs/toy.py", ...], num_processes=2,
+                     devices_per_process=4)
+    results[i].returncode, results[i].stdout, results[i].stderr
+
+The coordinator's port is chosen by the OS (bind to port 0) and held by this process until the
+cluster has ended, with SO_REUSEPORT so that process 0's coordinator (gRPC, which sets it too)
+can listen on it meanwhile: no other program can be handed that port between our choice and
+the coordinator's bind.
+"""
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+from conftest import REPO
+
+
+@contextlib.contextmanager
+def reserved_port():
+  """A TCP port the OS chose, kept bound (not listening) while the block runs."""
+  with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("::", 0))
+    yield s.getsockname()[1]
+
+
+def cluster_env(port: int, num_processes: int, process_id: int, devices: int) -> dict:
+  """The variables that make one process of the cluster (what a launcher such as SLURM or a
+  TPU VM's metadata provides on real hosts)."""
+  return {"JAX_PLATFORMS": "cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+          "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+          "JAX_NUM_PROCESSES": str(num_processes), "JAX_PROCESS_ID": str(process_id),
+          # A collective whose peer died fails after this long instead of hanging the test.
+          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
+                       "--xla_cpu_collective_call_terminate_timeout_seconds=120",
+          "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def launch(args: list[str], num_processes: int, devices_per_process: int,
+           env: dict | None = None, process_env: dict[int, dict] | None = None,
+           timeout: float = 600) -> list[subprocess.CompletedProcess]:
+  """Runs `python *args` (from the repository root) as processes 0..num_processes-1 of one
+  cluster and waits for all of them. `env` is added to every process's environment,
+  `process_env[i]` to process i's only. A timeout kills them all and raises with their
+  output's tails."""
+  if num_processes == 1:  # one process alone: no coordinator, as a laptop or one host runs
+    base = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+      base.pop(name, None)
+    return _run_all([[sys.executable, *args]],
+                    [base | (env or {}) | (process_env or {}).get(0, {})], timeout)
+  with reserved_port() as port:
+    envs = [dict(os.environ) | cluster_env(port, num_processes, i, devices_per_process)
+            | (env or {}) | (process_env or {}).get(i, {}) for i in range(num_processes)]
+    return _run_all([[sys.executable, *args]] * num_processes, envs, timeout)
+
+
+def _run_all(commands, envs, timeout) -> list[subprocess.CompletedProcess]:
+  with tempfile.TemporaryDirectory(prefix="multi_host_") as logs:
+    processes, files = [], []
+    for i, (command, env) in enumerate(zip(commands, envs)):
+      out = open(os.path.join(logs, f"{i}.out"), "w+")  # files, not pipes: no pipe can fill up
+      err = open(os.path.join(logs, f"{i}.err"), "w+")
+      files.append((out, err))
+      processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err,
+                                        text=True))
+    try:
+      for process in processes:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      for process in processes:
+        process.kill()
+        process.wait()
+      raise AssertionError("cluster timed out:\n" + "\n".join(
+          f"--- process {i} ---\n{_read(err)[-3000:]}" for i, (_, err) in enumerate(files)))
+    results = [subprocess.CompletedProcess(command, process.returncode, _read(out), _read(err))
+               for command, process, (out, err) in zip(commands, processes, files)]
+    for out, err in files:
+      out.close()
+      err.close()
+    return results
+
+
+def _read(file) -> str:
+  file.flush()
+  file.seek(0)
+  return file.read()

@@ -1,12 +1,19 @@
-"""Orbax checkpoints of everything a resume needs, and checkpoint averaging (section 6.1)."""
+"""Orbax checkpoints of everything a resume needs, and checkpoint averaging (section 6.1).
+
+With several processes (hosts), every one of them calls the reading functions below: which
+checkpoint to read is decided once for all (`newest_readable`), so that no host resumes from
+another step than its peers, and only process 0 moves the unreadable ones aside."""
 import contextlib
 import functools
+import os
+import time
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
 
 from aiayn_flax import paths
 
@@ -14,6 +21,14 @@ CHECKPOINT_DIR = "checkpoints"
 # Where training moves a checkpoint it cannot read (never deleted), so that the run can save
 # that step again when it gets there.
 UNREADABLE_DIR = "unreadable_checkpoints"
+# A read that fails is tried again this many times in all, this long apart, before the
+# checkpoint is called unreadable: a transient error (Cloud Storage, a busy filesystem) must not
+# set a good checkpoint aside.
+READ_ATTEMPTS = 3
+RETRY_PAUSE_S = 1.0
+# Test-only: "30,40" makes the first read of those steps' train state fail once in each process.
+TEST_READ_ERROR_VARIABLE = "AIAYN_TEST_CHECKPOINT_READ_ERROR_AT"
+_injected_read_errors = set()
 
 
 def checkpoint_dir(workdir: str) -> epath.Path:
@@ -38,14 +53,30 @@ def save(mngr: ocp.CheckpointManager, step: int, state, meta: dict) -> None:
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
-  """(state, meta) of a step, shaped and sharded like `abstract_state`."""
-  restored = mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-  return restored.state, restored.meta
+  """(state, meta) of a step, shaped and sharded like `abstract_state`.
+
+  Read with orbax's handlers, not `mngr.restore`: the manager's restore ends at a barrier of
+  all processes, which a process whose read failed never reaches, so that the others would
+  wait there for it; each process reads only its own devices' shards either way."""
+  _maybe_inject_read_error(step)
+  state = ocp.StandardCheckpointHandler().restore(
+      _step_dir(mngr, step) / "state", args=ocp.args.StandardRestore(abstract_state))
+  return state, restore_meta(mngr, step)
 
 
 def restore_meta(mngr: ocp.CheckpointManager, step: int) -> dict:
-  return mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+  return ocp.JsonCheckpointHandler().restore(_step_dir(mngr, step) / "meta")
+
+
+def _step_dir(mngr: ocp.CheckpointManager, step: int) -> epath.Path:
+  return epath.Path(mngr.directory) / str(step)
+
+
+def _maybe_inject_read_error(step: int) -> None:
+  steps = os.environ.get(TEST_READ_ERROR_VARIABLE, "")
+  if str(step) in steps.split(",") and step not in _injected_read_errors:
+    _injected_read_errors.add(step)
+    raise OSError(f"injected read error for step {step} ({TEST_READ_ERROR_VARIABLE})")
 
 
 def abstract_of(tree):
@@ -55,37 +86,69 @@ def abstract_of(tree):
 
 def newest_readable(mngr: ocp.CheckpointManager, read, limit: int = 1) -> list[tuple]:
   """[(step, read(step)), ...] for the newest `limit` checkpoints that can be read, newest
-  first. A checkpoint that cannot be read (bit rot, a truncated or missing file) is skipped
-  with a warning naming it, and left where it is. [] when there is no checkpoint; a ValueError
-  in one line when there are some but too few can be read."""
+  first. A failed read is retried (READ_ATTEMPTS); a checkpoint that still cannot be read (bit
+  rot, a truncated or missing file) is skipped with a warning naming it and the error, and left
+  where it is. [] when there is no checkpoint; a ValueError in one line when there are some but
+  too few can be read.
+
+  With several processes, all try the same steps in the same order and a step counts as read
+  only when every process read it, so that all of them use the same checkpoints."""
   found, unreadable = [], []
   for step in sorted(mngr.all_steps(), reverse=True):
     if len(found) == limit:
       break
-    try:
-      found.append((step, read(step)))
-    except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions here
-      reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-      unreadable.append(f"{step} ({reason})")
-      logging.warning("checkpoint %s/%d cannot be read (%s); skipped (not deleted)",
-                      mngr.directory, step, reason)
+    value, reason = _read_with_retries(mngr, read, step)
+    if not _failed_on_any_process(reason is not None):
+      found.append((step, value))
+      continue
+    reason = reason or "read here, but not on another process"
+    unreadable.append(f"{step} ({reason})")
+    logging.warning("checkpoint %s/%d cannot be read (%s); skipped (not deleted)",
+                    mngr.directory, step, reason)
   if unreadable and len(found) < limit:
     raise ValueError(f"{mngr.directory}: {len(found)} readable checkpoints where {limit} are "
                      f"needed; cannot read step {'; step '.join(unreadable)}")
   return found
 
 
+def _read_with_retries(mngr, read, step: int) -> tuple:
+  """(read(step), None), or (None, the last error in one line) after READ_ATTEMPTS failures."""
+  for attempt in range(1, READ_ATTEMPTS + 1):
+    try:
+      return read(step), None
+    except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions here
+      reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+      if attempt < READ_ATTEMPTS:
+        logging.warning("reading checkpoint %s/%d failed (%s); trying again in %g s (attempt %d "
+                        "of %d)", mngr.directory, step, reason, RETRY_PAUSE_S, attempt + 1,
+                        READ_ATTEMPTS)
+        time.sleep(RETRY_PAUSE_S)
+  return None, reason
+
+
+def _failed_on_any_process(failed: bool) -> bool:
+  if jax.process_count() == 1:
+    return failed
+  return bool(np.any(multihost_utils.process_allgather(np.int32(failed))))
+
+
 def set_aside(mngr: ocp.CheckpointManager, workdir: str, steps: list[int]) -> None:
   """Moves the given steps' checkpoints to workdir/unreadable_checkpoints/ (kept for
-  inspection), so that training can write those steps again."""
-  aside = paths.workdir_path(workdir) / UNREADABLE_DIR
-  # A file in it makes the folder exist on Cloud Storage too, where a rename needs one.
-  aside.mkdir(parents=True, exist_ok=True)
-  (aside / "README.txt").write_text(
-      "Checkpoints that training could not read, moved here and never deleted.\n")
-  for step in steps:
-    (epath.Path(mngr.directory) / str(step)).rename(aside / str(step))
-    logging.warning("moved the unreadable checkpoint of step %d to %s", step, aside)
+  inspection), so that training can write those steps again. Process 0 moves them; every
+  process calls this, and waits until they are moved."""
+  if not steps:
+    return
+  if jax.process_index() == 0:
+    aside = paths.workdir_path(workdir) / UNREADABLE_DIR
+    # A file in it makes the folder exist on Cloud Storage too, where a rename needs one.
+    aside.mkdir(parents=True, exist_ok=True)
+    (aside / "README.txt").write_text(
+        "Checkpoints that training could not read, moved here and never deleted.\n")
+    for step in steps:
+      _step_dir(mngr, step).rename(aside / str(step))
+      logging.warning("moved the unreadable checkpoint of step %d to %s", step, aside)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("unreadable checkpoints set aside")
   mngr.reload()
 
 

@@ -8,7 +8,8 @@ follow their parameters.
 
 Multi-host (a TPU pod slice, several GPU hosts): `initialize_distributed` joins the processes
 before anything touches a device; every host builds the same global batch (its order is a
-function of seed and epoch) and hands over only the rows of its own devices (`put_batch`);
+function of seed and epoch) and hands each of its devices that device's block (`put_batch`);
+arrays no host holds whole are gathered for reading with `host_copy`;
 checkpoints are written collectively by orbax, and only host 0 writes logs.
 """
 import os
@@ -17,6 +18,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import optax
+from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 TENSOR_PARALLEL_RULES = (("heads", "model"), ("mlp", "model"), ("vocab", "model"),
@@ -50,22 +52,42 @@ def make_mesh(spec: str, devices=None) -> Mesh:
   return Mesh(np.asarray(devices).reshape(tuple(axes.values())), tuple(axes))
 
 
-def initialize_distributed() -> bool:
-  """jax.distributed.initialize() when the environment says this process is one of several:
-  a multi-host TPU slice (TPU_WORKER_HOSTNAMES lists several hosts), a SLURM job of several
-  tasks, or an explicit coordinator (JAX_COORDINATOR_ADDRESS, with JAX_NUM_PROCESSES and
-  JAX_PROCESS_ID for a launcher JAX does not detect by itself). JAX reads the rest from the
-  same environment. Returns whether it initialized."""
-  tpu_hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-  several = ("," in tpu_hosts or int(os.environ.get("SLURM_NTASKS", "1")) > 1
-             or bool(os.environ.get("JAX_COORDINATOR_ADDRESS")))
-  if several:
-    explicit = {}
+def initialize_distributed() -> None:
+  """Joins this process to the others of its run, before anything touches a device, and logs
+  `process i of n, local devices d, global devices D`.
+
+  The cluster is found by JAX's own detection (jax._src.clusters, what
+  `jax.distributed.initialize()` reads when given no arguments): a Cloud TPU VM's metadata
+  (single- and multi-worker slices, multislice), GKE's TPU variables, SLURM, Open MPI, or an
+  explicit JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES and JAX_PROCESS_ID, which JAX itself
+  does not read). Asking each detector `is_env_present()` first is cheap where no cluster is:
+  the TPU detector queries the metadata server only on a VM with TPU chips, the others read
+  environment variables. A detected cluster of one process (a one-host TPU VM, a one-task SLURM
+  job) is not joined: one process needs no coordinator, and joining would let JAX's SLURM
+  detector hide all but one local GPU from it."""
+  explicit = {}
+  if os.environ.get("JAX_COORDINATOR_ADDRESS"):
     if os.environ.get("JAX_NUM_PROCESSES") and os.environ.get("JAX_PROCESS_ID"):
       explicit = dict(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
                       process_id=int(os.environ["JAX_PROCESS_ID"]))
+    several = explicit.get("num_processes", 2) > 1  # without a count: JAX detects the rest
+  else:
+    cluster = _detected_cluster()
+    several = cluster is not None and cluster.get_process_count() > 1
+  if several:
+    # The trainer agrees on stops itself, for SIGTERM and SIGINT alike (aiayn_flax/stops.py):
+    # JAX's preemption service would install its own SIGTERM handler beside ours.
+    jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(**explicit)
-  return several
+  logging.info("process %d of %d, local devices %d, global devices %d", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def _detected_cluster():
+  """The cluster environment JAX would join with no arguments, or None (no cluster here)."""
+  from jax._src import clusters  # the detectors jax.distributed.initialize() itself uses
+  return next((env for env in clusters.ClusterEnv._cluster_types
+               if not env.opt_in_only_method and env.is_env_present()), None)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -78,20 +100,22 @@ def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def put_batch(batch: dict, sharding: NamedSharding) -> dict:
-  """Places this host's copy of a global batch [rows, ...] (or [K, rows, ...]) on the mesh,
-  rows split along `data`. With several processes each passes only its own block of rows
-  (process i holds rows i * rows / processes onwards, the devices of a mesh built from
-  jax.devices() being ordered by process)."""
-  if jax.process_count() == 1:
-    return jax.device_put(batch, sharding)
-  rows_axis = list(sharding.spec).index("data")
+  """Places a global batch [rows, ...] (or [K, rows, ...]), of which every process holds the
+  same copy, on the mesh: each device takes its own block, whichever process it belongs to
+  (the mesh may split rows over fewer devices than processes, e.g. a `model` axis spanning
+  hosts)."""
+  return jax.tree.map(
+      lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), batch)
 
-  def local_rows(x):
-    per_process = x.shape[rows_axis] // jax.process_count()
-    start = jax.process_index() * per_process
-    local = np.take(x, np.arange(start, start + per_process), axis=rows_axis)
-    return jax.make_array_from_process_local_data(sharding, local, x.shape)
-  return jax.tree.map(local_rows, batch)
+
+def host_copy(tree):
+  """Numpy copies of a tree of arrays, also of those that no process holds whole (FSDP across
+  hosts, a `model` axis spanning hosts): such arrays are first copied to every device by a
+  jitted identity, then read from a local one."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  everywhere = jax.tree.map(lambda x: NamedSharding(x.sharding.mesh, P()), tree)
+  return jax.device_get(jax.jit(lambda t: t, out_shardings=everywhere)(tree))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

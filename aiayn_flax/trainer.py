@@ -14,7 +14,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from aiayn_flax import (checkpoints, config_checks, paths, provenance, scoring, sharding,
-                        train_step)
+                        stops, train_step)
 from aiayn_flax.data import bucketing, pipeline, prefetch, source_text
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
@@ -56,9 +56,10 @@ def resume_conflicts(saved: dict, current: dict, prefix: str = "") -> list[str]:
 
 
 def params_digest(params) -> str:
-  """sha256 of the parameters (names, shapes, dtypes and bytes), to compare two runs."""
+  """sha256 of the parameters (names, shapes, dtypes and bytes), to compare two runs; the same
+  on every process, however the parameters are spread over the hosts."""
   digest = hashlib.sha256()
-  for path, leaf in jax.tree_util.tree_flatten_with_path(jax.device_get(params))[0]:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(sharding.host_copy(params))[0]:
     array = np.ascontiguousarray(leaf)
     digest.update(f"{jax.tree_util.keystr(path)}{array.shape}{array.dtype}".encode())
     digest.update(array.tobytes())
@@ -97,50 +98,6 @@ class Progress:
     self.last_step, self.last_time = step, now
     self.sources = self.targets = self.slots = 0
     return rates
-
-
-class StopSignals:
-  """SIGTERM/SIGINT (preemption, Ctrl-C) ask the loop to checkpoint and stop; a second signal
-  stops the process at once.
-
-  With several processes, SIGTERM is left to JAX's preemption sync service, which
-  `jax.distributed.initialize()` starts and which catches SIGTERM itself: every process must
-  stop at the same step, or the collective checkpoint would wait forever for the others, and
-  the service names that step (`should_stop`)."""
-
-  def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
-    self.requested, self._signals = None, signals
-
-  def __enter__(self):
-    self._previous = {s: signal.signal(s, self._handle) for s in self._signals}
-    return self
-
-  def __exit__(self, *exc):
-    for s, handler in self._previous.items():
-      signal.signal(s, handler)
-
-  def _handle(self, signum, frame):
-    if self.requested is not None:
-      signal.signal(signum, signal.SIG_DFL)
-      os.kill(os.getpid(), signum)
-    self.requested = signal.Signals(signum).name
-    logging.warning("%s received: checkpointing at the current step, then stopping "
-                    "(send it again to stop at once)", self.requested)
-
-
-def stop_signals() -> StopSignals:
-  """The signals this process handles itself: SIGTERM only when it is alone."""
-  alone = jax.process_count() == 1
-  return StopSignals((signal.SIGTERM, signal.SIGINT) if alone else (signal.SIGINT,))
-
-
-def should_stop(step: int, signals: StopSignals, mngr) -> str | None:
-  """The name of the signal to stop for after `step` (checkpoint, then exit), or None. Alone,
-  a signal this process caught; with several processes, SIGTERM once JAX's preemption sync
-  point is reached (orbax's reached_preemption: the same step on every process)."""
-  if jax.process_count() > 1 and mngr.reached_preemption(step):
-    return "SIGTERM"
-  return signals.requested
 
 
 class RunsOfOneShape:
@@ -304,8 +261,9 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   progress = Progress(step, config.num_train_steps)
   sums, summary = None, {}
   stopped_by = None
-  with stop_signals() as signals, contextlib.closing(prefetch.prefetched(
+  with stops.StopSignals() as signals, contextlib.closing(prefetch.prefetched(
       train_batches.iterate(position), config.prefetch_batches)) as batches:
+    stop_agreement = stops.StopAgreement(signals, wait=wait_each_step)
     runs = RunsOfOneShape(batches)
     while step < config.num_train_steps:
       if steps_per_call > 1:  # up to steps_per_call steps of one shape, stopping at events
@@ -349,7 +307,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
               f"non-finite loss or gradient (none was applied); the last good checkpoint is step "
               f"{mngr.latest_step()} in {mngr.directory}")
 
-      stopped_by = should_stop(step, signals, mngr)
+      stopped_by = stop_agreement.poll(step)
       if step % config.checkpoint_every_steps == 0 or last or stopped_by:
         save(step)
       if stopped_by:

@@ -19,8 +19,8 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-# Test-only: "SIGTERM:30" makes the trainer send itself SIGTERM once its step reaches 30, so that
-# tests interrupt a run at a known step instead of racing it.
+# Test-only: "SIGTERM:30" makes the trainer send itself SIGTERM once its step reaches 30 (SIGINT
+# and SIGKILL likewise), so that tests interrupt a run at a known step instead of racing it.
 TEST_SIGNAL_VARIABLE = "AIAYN_TEST_SIGNAL_AT_STEP"
 
 
@@ -89,6 +89,7 @@ def _test_signal() -> tuple | None:
   if not value:
     return None
   name, _, step = value.partition(":")
-  if name not in ("SIGTERM", "SIGINT") or not step.isdigit():
-    raise ValueError(f"{TEST_SIGNAL_VARIABLE}={value!r}: expected SIGTERM:STEP or SIGINT:STEP")
+  if name not in ("SIGTERM", "SIGINT", "SIGKILL") or not step.isdigit():
+    raise ValueError(f"{TEST_SIGNAL_VARIABLE}={value!r}: expected SIGTERM, SIGINT or SIGKILL, "
+                     "a colon and a step")
   return signal.Signals[name], int(step)

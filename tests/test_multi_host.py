@@ -1,0 +1,65 @@
+"""Several hosts: train.py as 2 processes joined by jax.distributed (loopback, gloo), 4 simulated
+CPU devices each, against the same flags on 1 process with 8 devices. Parameters that no host
+holds whole (FSDP across hosts, a `model` axis spanning hosts) must train to the end, and to the
+same parameters as on one process."""
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from aiayn_flax import checkpoints, train_step
+from configs import toy
+from multi_host_launch import launch
+
+STEPS = 10
+FLAGS = ["train.py", "--config=configs/toy.py", f"--config.num_train_steps={STEPS}",
+         "--config.log_every_steps=5", "--config.checkpoint_every_steps=1000",
+         "--config.eval_every_steps=1000", "--config.dataset.toy_eval_examples=10",
+         "--config.model.dropout_rate=0.1", "--config.label_smoothing=0.1",
+         # See multi_device_check.py: Adam's eps 1e-9 turns the last bits of a tiny gradient,
+         # which depend on the order of the cross-device sums (gloo across processes, XLA's
+         # own within one), into whole learning-rate steps of that parameter.
+         "--config.adam_eps=1e-6"]
+# A `model` axis of 8 needs heads and vocabulary divisible by 8.
+MODEL_AXIS_FLAGS = ["--config.mesh=data:1,model:8", "--config.model.num_heads=8",
+                    "--config.model.vocab_size=24"]
+
+
+def digest_of(result) -> str:
+  assert result.returncode == 0, result.stderr[-3000:]
+  return re.search(r"^params_digest: ([0-9a-f]{64})$", result.stdout, re.M).group(1)
+
+
+def final_params(workdir, *flags):
+  config = toy.get_config()
+  if "--config.model.num_heads=8" in flags:
+    config.model.num_heads, config.model.vocab_size = 8, 24
+  model = train_step.make_model(config)
+  shapes = jax.eval_shape(lambda: train_step.create_train_state(config, model).params)
+  return checkpoints.load_params(str(workdir), shapes, [STEPS])
+
+
+def assert_trains_as_on_one_process(tmp_path, *flags):
+  two = launch([*FLAGS, *flags, f"--workdir={tmp_path / 'two'}"], 2, 4)
+  one = launch([*FLAGS, *flags, f"--workdir={tmp_path / 'one'}"], 1, 8)
+  for index, result in enumerate(two):
+    assert f"process {index} of 2, local devices 4, global devices 8" in result.stderr
+  assert digest_of(two[0]) == digest_of(two[1])  # both hosts finished with the same params
+  digest_of(one[0])
+  # The same parameters up to the rounding of sums taken in another order.
+  worst = max(float(np.max(np.abs(a - b)))
+              for a, b in zip(jax.tree.leaves(final_params(tmp_path / "two", *flags)),
+                              jax.tree.leaves(final_params(tmp_path / "one", *flags))))
+  print(f"largest parameter difference, 2 x 4 devices vs 1 x 8: {worst:.2e}")
+  assert worst < 1e-5
+
+
+@pytest.mark.slow
+def test_fsdp_across_hosts_trains_to_the_end_as_on_one_process(tmp_path):
+  assert_trains_as_on_one_process(tmp_path, "--config.fsdp=True")
+
+
+@pytest.mark.slow
+def test_model_axis_spanning_hosts_trains_to_the_end_as_on_one_process(tmp_path):
+  assert_trains_as_on_one_process(tmp_path, *MODEL_AXIS_FLAGS)

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from aiayn_flax import checkpoints, trainer
+from aiayn_flax import checkpoints, stops, trainer
 from conftest import REPO
 from configs import toy
 
@@ -27,31 +27,33 @@ TOY_FLAGS = ["--config=configs/toy.py", "--config.num_train_steps=60",
 LOSS_LINE = re.compile(r"step (\d+)/60: loss ([0-9.]+)")
 
 
-def start_training(workdir, *extra):
+def start_training(workdir, *extra, signal_at: str | None = None):
+  """train.py on the toy task; `signal_at` ("SIGKILL:30"): the trainer sends itself that signal
+  once it reaches that step (AIAYN_TEST_SIGNAL_AT_STEP), so that no test races the run."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  env.pop(stops.TEST_SIGNAL_VARIABLE, None)
+  if signal_at:
+    env[stops.TEST_SIGNAL_VARIABLE] = signal_at
   return subprocess.Popen([sys.executable, "train.py", f"--workdir={workdir}", *TOY_FLAGS, *extra],
                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=env)
 
 
-def finish(process) -> tuple[str, dict[int, str]]:
-  """(params digest, {step: logged loss}) of a run that ends normally."""
+def finish(process, resumed_from: int | None = None) -> tuple[str, dict[int, str]]:
+  """(params digest, {step: logged loss}) of a run that ends normally; with `resumed_from`, its
+  log must say it resumed from that step's checkpoint."""
   output, _ = process.communicate(timeout=300)
   assert process.returncode == 0, output[-3000:]
+  if resumed_from is not None:
+    assert f"Resumed from step {resumed_from} of" in output, output[-3000:]
   digest = re.search(r"^params_digest: ([0-9a-f]{64})$", output, re.M).group(1)
   return digest, {int(s): loss for s, loss in LOSS_LINE.findall(output)}
 
 
-def run_until_step(process, step: int) -> dict[int, str]:
-  """Reads the log until `step` is reported; returns the losses seen so far."""
-  losses = {}
-  for line in process.stdout:
-    match = LOSS_LINE.search(line)
-    if match:
-      losses[int(match.group(1))] = match.group(2)
-      if int(match.group(1)) >= step:
-        return losses
-  raise AssertionError(f"the run ended before step {step}")
+def killed(process) -> str:
+  output, _ = process.communicate(timeout=300)
+  assert process.returncode == -signal.SIGKILL, output[-3000:]
+  return output
 
 
 @pytest.fixture(scope="module")
@@ -66,45 +68,41 @@ def test_same_config_and_seed_give_identical_parameters_with_or_without_prefetch
   assert digest == uninterrupted[0] and losses == uninterrupted[1]
 
 
+@pytest.mark.slow
 def test_sigkill_between_checkpoints_then_restart_is_exact(uninterrupted, tmp_path):
-  process = start_training(tmp_path)
-  run_until_step(process, 30)  # the last checkpoint is step 20
-  process.kill()
-  process.wait()
-  digest, losses = finish(start_training(tmp_path))
-  assert min(losses) == 21  # restarted from the step-20 checkpoint
+  killed(start_training(tmp_path, signal_at="SIGKILL:30"))  # the last checkpoint is step 20
+  digest, losses = finish(start_training(tmp_path), resumed_from=20)
+  assert min(losses) == 21
   assert digest == uninterrupted[0]
   assert all(losses[s] == uninterrupted[1][s] for s in losses)  # identical losses after restart
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_the_current_step_and_resumes_exactly(uninterrupted, tmp_path):
-  process = start_training(tmp_path)
-  run_until_step(process, 27)
-  process.send_signal(signal.SIGTERM)
-  output, _ = process.communicate(timeout=120)
+  process = start_training(tmp_path, signal_at="SIGTERM:27")
+  output, _ = process.communicate(timeout=300)
   assert process.returncode == 128 + signal.SIGTERM, output[-3000:]  # 143, as train.py documents
-  stopped_at = int(re.search(r"SIGTERM: saved a checkpoint at step (\d+)", output).group(1))
-  assert 27 <= stopped_at < 40 and stopped_at in checkpoints.last_steps(str(tmp_path), 10)
-  digest, losses = finish(start_training(tmp_path))
-  assert min(losses) == stopped_at + 1
+  assert "SIGTERM: saved a checkpoint at step 27 in" in output
+  assert checkpoints.last_steps(str(tmp_path), 10) == [20, 27]
+  digest, losses = finish(start_training(tmp_path), resumed_from=27)
+  assert min(losses) == 28
   assert digest == uninterrupted[0]
 
 
+@pytest.mark.slow
 def test_several_steps_per_call_resume_exactly_after_sigkill(tmp_path):
   # Runs of 3 steps of one batch shape per call, never across a log line (every 10 steps) or a
   # checkpoint (every 20); killed after step 30, resumed from step 20.
   flags = ["--config.steps_per_call=3", "--config.log_every_steps=10"]
   expected, losses = finish(start_training(tmp_path / "uninterrupted", *flags))
   assert sorted(losses) == [10, 20, 30, 40, 50, 60]
-  process = start_training(tmp_path / "killed", *flags)
-  run_until_step(process, 30)
-  process.kill()
-  process.wait()
-  digest, resumed_losses = finish(start_training(tmp_path / "killed", *flags))
+  killed(start_training(tmp_path / "killed", *flags, signal_at="SIGKILL:30"))
+  digest, resumed_losses = finish(start_training(tmp_path / "killed", *flags), resumed_from=20)
   assert min(resumed_losses) == 30 and digest == expected
   assert all(resumed_losses[s] == losses[s] for s in (40, 50, 60))
 
 
+@pytest.mark.slow
 def test_half_written_newest_checkpoint_is_ignored(tmp_path):
   config = toy.get_config()
   config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 20, 10, 1000
@@ -121,7 +119,9 @@ def test_half_written_newest_checkpoint_is_ignored(tmp_path):
   assert checkpoints.last_steps(str(tmp_path), 5) == [10, 20]
   config.num_train_steps = 25
   summary = trainer.train_and_evaluate(config, str(tmp_path))  # restores 20, not the fragment
-  assert summary["step"] == 25
+  assert summary["start_step"] == 20 and summary["step"] == 25
+  assert summary["params_digest"] == trainer.train_and_evaluate(
+      config, str(tmp_path / "uninterrupted"))["params_digest"]
 
 
 def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_checkpoint(

@@ -53,7 +53,10 @@ def _pid_alive(pid: int) -> bool:
     return False
   except PermissionError:  # someone else's process: alive
     return True
-  return True
+  try:  # a killed process that its parent has not reaped yet is dead all the same
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+  except (OSError, IndexError):  # no /proc (macOS): the pid answered
+    return True
 
 
 def read_lease(path: epath.Path) -> dict | None:

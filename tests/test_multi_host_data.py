@@ -8,6 +8,7 @@ that the vocabulary and the tokenized cache are real files built from real text.
 import contextlib
 import json
 import os
+import pathlib
 import re
 import select
 import shutil
@@ -218,6 +219,20 @@ def test_a_lease_from_another_host_blocks_until_its_heartbeat_is_stale(tmp_path)
   finally:
     lease.release()
   assert not path.exists()
+
+
+def test_a_killed_run_not_yet_reaped_holds_no_lease():
+  child = subprocess.Popen(["sleep", "600"])
+  try:
+    assert workdir_lease._pid_alive(child.pid)
+    child.kill()
+    stat = pathlib.Path(f"/proc/{child.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # the kernel's teardown
+      time.sleep(0.01)
+    assert not workdir_lease._pid_alive(child.pid)  # a zombie: its pid still answers kill(0)
+  finally:
+    child.kill()
+    child.wait()
 
 
 def test_a_lease_in_a_bucket_refuses_a_second_run(emulated_gcs):  # noqa: F811

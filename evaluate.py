@@ -10,6 +10,10 @@ Prints sacreBLEU (cased, 13a, with its signature), chrF, and the paper's tokeniz
 (Moses tokenization + compound splitting); on Multi30k, also the lowercased tokenized BLEU
 that the Multi30k literature reports. Writes the detokenized hypotheses and a JSON file
 of the scores.
+
+On a pod slice or several GPU hosts, run it on every worker, as train.py: the processes join
+(jax.distributed), each decodes its share of the test set on one of its devices, and process 0
+prints the scores and writes the files (the hypotheses are the same as on one process).
 """
 import json
 import os
@@ -66,6 +70,7 @@ def score_existing_translation() -> None:
 
 
 def translate_and_score() -> None:
+  import jax
   from aiayn_flax import paths, provenance, run_dir, scoring
   from aiayn_flax.data import text_files
   from aiayn_flax.translator import Translator
@@ -102,6 +107,8 @@ def translate_and_score() -> None:
   scores = scoring.score_translations(hypotheses, references, target_lang, multi30k_bleu)
   scores |= {"checkpoint_steps": steps, "beam_size": beam_size, "alpha": alpha,
              "versions": provenance.software_versions()}
+  if jax.process_index() > 0:
+    return  # every process has every translation; process 0 alone writes them
   print(scoring.format_scores(scores))
   suffix = f"beam{beam_size}_avg{len(steps)}_step{steps[-1]}"
   output_dir = FLAGS.output_dir or str(paths.workdir_path(FLAGS.workdir) / "eval")
@@ -116,7 +123,12 @@ def main(argv):
   if not (FLAGS.hyp_file or FLAGS.workdir):
     raise app.UsageError("give --workdir (to translate and score) or --hyp_file and --ref_file")
   try:
-    score_existing_translation() if FLAGS.hyp_file else translate_and_score()
+    if FLAGS.hyp_file:
+      score_existing_translation()
+    else:
+      from aiayn_flax import sharding
+      sharding.initialize_distributed()  # launched on every worker: join the others first
+      translate_and_score()
   except (FileNotFoundError, ValueError) as e:  # bad input: one line that says what to do
     sys.exit(f"evaluate.py: error: {e}")
 

@@ -15,6 +15,10 @@ source tokens per decoding batch).
 The defaults are evaluate.py's: the run's beam size and alpha, the last
 config.average_last_checkpoints checkpoints averaged.
 
+On a pod slice or several GPU hosts, run it on every worker with --input (a file each worker can
+read) and --output: the processes join (jax.distributed), share the decoding out, and process 0
+writes the output. Standard input is refused there (each worker would read its own).
+
 --nbest=N prints the N best translations of each line (N <= beam size), N lines per input line:
   LINE ||| TRANSLATION ||| SCORE
 LINE counts input lines from 0 (Moses' n-best format); SCORE is the beam's ranking score,
@@ -85,8 +89,13 @@ def main(argv):
   from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   try:
-    from aiayn_flax import run_dir
+    import jax
+    from aiayn_flax import run_dir, sharding
     from aiayn_flax.translator import Translator
+    sharding.initialize_distributed()  # launched on every worker: join the others first
+    if jax.process_count() > 1 and not FLAGS.input:
+      raise ValueError(f"on {jax.process_count()} processes, give --input (a file every worker "
+                       "can read) and --output, or run on one host for standard input")
     config = run_dir.load_config(FLAGS.workdir)
     average_last = FLAGS.average_last or config.average_last_checkpoints
     model, params, _ = run_dir.load_model_and_params(FLAGS.workdir, config, average_last)
@@ -102,7 +111,10 @@ def main(argv):
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"translate.py: error: {e}")
   name = FLAGS.input or "<stdin>"
-  out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
+  if jax.process_index() > 0:  # every process has every translation; process 0 writes them
+    out = open(os.devnull, "w", encoding="utf-8")
+  else:
+    out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
   first_line = 0
   try:
     for lines in line_batches(source, name, FLAGS.buffer_size, waits_for_input=not FLAGS.input):

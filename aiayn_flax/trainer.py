@@ -14,7 +14,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from aiayn_flax import (checkpoints, config_checks, paths, provenance, scoring, sharding,
-                        stops, train_step)
+                        stops, train_step, workdir_lease)
 from aiayn_flax.data import bucketing, pipeline, prefetch, source_text
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
@@ -144,10 +144,8 @@ def evaluate_loss(eval_fn, params, batches, batch_sharding) -> dict:
 
 def evaluate_translations(translator, params, sources, references) -> dict:
   """Greedy-decoded validation BLEU (sacreBLEU), and exact match (the toy task's metric).
-  The translator decodes on this process's devices: with several processes, each first
-  gathers the whole parameters (the mesh spreads them over every host's devices)."""
-  if jax.process_count() > 1:
-    params = multihost_utils.process_allgather(params, tiled=True)
+  The translator places the parameters on one device of each process (once, not per batch),
+  and the processes share the sentences out (translator.py)."""
   translator.params = params
   hypotheses = translator.translate(sources)
   exact = float(np.mean([h == r for h, r in zip(hypotheses, references)]))
@@ -188,8 +186,13 @@ def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shard
 
 def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict:
   """Trains `config` in `workdir`, resuming from its latest checkpoint. Returns final metrics,
-  with the final parameters' digest."""
+  with the final parameters' digest. Refuses a workdir that a live run holds."""
   config_checks.check_config(config)
+  with workdir_lease.held(workdir):  # one run per workdir
+    return _train_and_evaluate(config, workdir, force_resume)
+
+
+def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
   workdir = str(paths.workdir_path(workdir))  # a local folder or gs://bucket/run
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh)

@@ -1,7 +1,9 @@
 """Translating lists of sentences with a trained model: the bridge between the model's cached
 decoding, the model-agnostic search in `decoding.py`, and the vocabulary.
 
-Sentences are decoded in batches sorted by source length and put back in input order. No
+Sentences are decoded in batches sorted by source length and put back in input order, on this
+process's first device, where the parameters are placed once. With several processes (a pod
+slice), each decodes its share of the batches and every process gets all the translations. No
 sentence is dropped: an empty line translates to an empty line, and sources are padded to a
 few fixed lengths (multiples of `LENGTH_QUANTUM`) so a test set compiles only a few shapes.
 """
@@ -12,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from flax import traverse_util
+from jax.experimental import multihost_utils
 
-from aiayn_flax import decoding, model as model_lib
+from aiayn_flax import decoding, model as model_lib, process_zero
 from aiayn_flax.data import vocabulary
 
 LENGTH_QUANTUM = 16
@@ -105,12 +108,20 @@ class Translator:
                max_tokens: int = 0, num_results: int | None = None):
     if num_results is not None and not 1 <= num_results <= beam_size:
       raise ValueError(f"--nbest={num_results}: must lie in [1, beam size {beam_size}]")
-    self.params, self.vocab = params, vocab
+    self.params, self.vocab = params, vocab  # params: placed on a device once (the setter)
     self.batch_size, self.max_tokens = batch_size, max_tokens
     self.max_positions = max_positions
     self.num_results = num_results
     self._decode = make_decode_fn(model, beam_size, alpha, extra_length, num_results)
     self.extra_length = extra_length
+
+  @property
+  def params(self):
+    return self._params
+
+  @params.setter
+  def params(self, params):
+    self._params = None if params is None else on_one_device(params)
 
   def translate(self, sentences: list[str], progress_every: int = 0) -> list[str]:
     """Translations in input order, one per sentence (empty in, empty out)."""
@@ -129,7 +140,9 @@ class Translator:
       tokens, scores = decoded
       return [(self.vocab.decode(tokens[row, i]), float(scores[row, i]))
               for i in range(tokens.shape[1]) if np.isfinite(scores[row, i])]
-    return self._translate(sentences, 0, nbest, [])
+    # (Results shared between processes come back as JSON lists: tuples again.)
+    return [[tuple(result) for result in results]
+            for results in self._translate(sentences, 0, nbest, [])]
 
   def _translate(self, sentences, progress_every, result_of_row, empty_result):
     encoded = self.vocab.encode_batch([s.strip() for s in sentences])
@@ -140,8 +153,33 @@ class Translator:
         raise ValueError(f"{too_long} sentences are too long for the model's {self.max_positions} "
                          "learned positions (input + decode_extra_length)")
     order = sorted((i for i, ids in enumerate(source_ids) if ids), key=lambda i: len(source_ids[i]))
+    # With several processes each decodes every P-th batch of the same list, so that a batch
+    # is decoded as it would be by one process alone, then all of them share the results.
+    batches = self._batches(order, source_ids)
+    mine = batches[jax.process_index()::jax.process_count()]
+    total = sum(len(chunk) for chunk, _ in mine)
+    results, start_time = {}, time.time()
+    for chunk, inputs in mine:
+      decoded = jax.tree.map(np.asarray, self._decode(self.params, inputs))
+      for row, i in enumerate(chunk):
+        results[i] = result_of_row(row, decoded)
+      done = len(results)
+      if progress_every and (done // progress_every > (done - len(chunk)) // progress_every
+                             or done == total):
+        elapsed = time.time() - start_time
+        logging.info("decoded %d/%d sentences%s (%.1f sentences/s, ETA %.0fs)", done, total,
+                     f" on process {jax.process_index()} of {jax.process_count()}"
+                     if jax.process_count() > 1 else "",
+                     done / elapsed, (total - done) * elapsed / done)
     outputs = [empty_result] * len(sentences)
-    start_time, done = time.time(), 0
+    for part in process_zero.gathered(list(results.items())):
+      for i, result in part:
+        outputs[i] = result
+    return outputs
+
+  def _batches(self, order: list[int], source_ids: list[list[int]]) -> list:
+    """(sentence indices, inputs [rows, padded length]) of each decoding batch, in order."""
+    batches, done = [], 0
     while done < len(order):
       # Sources are sorted by length, so a chunk's last is its longest: the rows a token
       # budget allows at that length also fit the (possibly shorter) chunk they cut.
@@ -152,16 +190,19 @@ class Translator:
       inputs = np.zeros((rows, padded_source_length(len(source_ids[chunk[-1]]))), np.int32)
       for row, i in enumerate(chunk):
         inputs[row, :len(source_ids[i])] = source_ids[i]
-      decoded = jax.tree.map(np.asarray, self._decode(self.params, inputs))
-      for row, i in enumerate(chunk):
-        outputs[i] = result_of_row(row, decoded)
+      batches.append((chunk, inputs))
       done += len(chunk)
-      if progress_every and (done // progress_every > (done - len(chunk)) // progress_every
-                             or done == len(order)):
-        elapsed = time.time() - start_time
-        logging.info("decoded %d/%d sentences (%.1f sentences/s, ETA %.0fs)", done, len(order),
-                     done / elapsed, (len(order) - done) * elapsed / done)
-    return outputs
+    return batches
+
+
+def on_one_device(params):
+  """The parameters on this process's first device, placed once for every batch to read (a
+  jitted call given host arrays copies them to the device at every call: 850 MB for big).
+  Arrays spread over other hosts' devices (training on several hosts) are gathered first."""
+  if any(isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
+         for leaf in jax.tree.leaves(params)):
+    params = multihost_utils.process_allgather(params, tiled=True)
+  return jax.device_put(params, jax.local_devices()[0])
 
 
 def padded_source_length(length: int) -> int:

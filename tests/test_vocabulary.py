@@ -89,6 +89,16 @@ def test_load_vocabulary_of_a_missing_path_names_it(tmp_path):
     vocabulary.load_vocabulary(missing)
 
 
+@pytest.mark.parametrize("kept", [0.5, 0.9])
+def test_a_truncated_vocabulary_is_named_with_what_to_do(vocab, tmp_path, kept):
+  model = pathlib.Path(vocab.model_path).read_bytes()
+  truncated = tmp_path / "vocab.model"
+  truncated.write_bytes(model[:int(len(model) * kept)])
+  with pytest.raises(ValueError, match=f"^{truncated}: damaged, not a readable SentencePiece "
+                     "model; restore it from a copy, or delete it and the tokenized/ folder"):
+    vocabulary.load_vocabulary(str(truncated))
+
+
 def test_load_vocabulary_refuses_other_special_ids(train_lines, tmp_path):
   model_path = tmp_path / "default_ids.model"
   with open(model_path, "wb") as model:  # sentencepiece's defaults: unk 0, bos 1, eos 2, no pad

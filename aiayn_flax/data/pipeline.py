@@ -9,32 +9,52 @@
                                    of (seed, epoch, position), so that resume is exact
   5. device        prefetch.py     the trainer assembles the next batches on a background thread
 
+With several processes (a pod slice, GPU hosts), stages 1-3 write their files once: process 0
+prepares the tfds data, trains the vocabulary and tokenizes while the others wait, then they read
+what it wrote (process_zero.first). Stage 4 is the same on every process: each builds the same
+global batches (a pure function of seed and position) and hands over its own rows.
+
 This module joins stages 1-4 for a config: `vocabulary_for` (1 -> 2) and `batches_for_split`
 (1 -> 3 -> 4); the trainer takes it from there.
 """
+import jax
 from absl import logging
 from etils import epath
 
-from aiayn_flax import paths
+from aiayn_flax import paths, process_zero
 from aiayn_flax.data import bucketing, source_text, tokenized, toy, vocabulary
 
 VOCAB_FILENAME = "vocab.model"
 
 
 def vocabulary_for(config, workdir: str):
-  """The run's shared vocabulary: loaded from the workdir, or trained on the training split."""
+  """The run's shared vocabulary: loaded from the workdir, or trained on the training split.
+  With several processes, process 0 prepares the data and trains it while the others wait,
+  then they read it (process_zero.first): one process writes WORKDIR/vocab.model."""
   if config.dataset.name == "toy_reverse":
     return toy.SymbolVocabulary(config.model.vocab_size)
   path = str(paths.workdir_path(workdir) / VOCAB_FILENAME)
-  if epath.Path(path).exists():
-    vocab = vocabulary.load_vocabulary(path)
-  else:
+
+  def make():
+    source_text.prepare(config.dataset)
+    if epath.Path(path).exists():
+      return read()
     sentences = vocabulary_sample(config)
     logging.info("Training a %d-piece %s vocabulary on %d sentences", config.model.vocab_size,
                  config.dataset.vocab_model_type, len(sentences))
-    vocab = vocabulary.train_vocabulary(
+    built = vocabulary.train_vocabulary(
         sentences, path, config.model.vocab_size, config.dataset.vocab_model_type,
         character_coverage=config.dataset.vocab_character_coverage)
+    logging.info("vocabulary: built by process %d of %d: %s", jax.process_index(),
+                 jax.process_count(), path)
+    return built
+
+  def read():
+    logging.info("vocabulary: read %s on process %d of %d", path, jax.process_index(),
+                 jax.process_count())
+    return vocabulary.load_vocabulary(path)
+
+  vocab = process_zero.first("vocabulary", make, read)
   if vocab.vocab_size != config.model.vocab_size:
     raise ValueError(f"{path} has {vocab.vocab_size} pieces but config.model.vocab_size is "
                      f"{config.model.vocab_size}; use a fresh workdir or set the config to match")

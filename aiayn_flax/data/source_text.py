@@ -55,6 +55,18 @@ def text_pair_chunks(config, split: str, chunk_pairs: int = CHUNK_PAIRS) -> Text
     yield sources[start:start + chunk_pairs], targets[start:start + chunk_pairs]
 
 
+def prepare(dataset) -> None:
+  """Downloads and prepares a tfds dataset into its data_dir unless it is there already (the
+  local datasets need nothing). A multi-host run calls it on process 0 alone, before the
+  others read the dataset (pipeline.vocabulary_for)."""
+  if not is_tfds(dataset):
+    return
+  import tensorflow_datasets as tfds
+  builder = tfds.builder(dataset.name, data_dir=dataset.data_dir or None)
+  if not builder.is_prepared():
+    builder.download_and_prepare()
+
+
 def _tfds_pairs(dataset, split):
   sources, targets = [], []
   for chunk_sources, chunk_targets in _tfds_pair_chunks(dataset, split, CHUNK_PAIRS):

@@ -12,11 +12,12 @@ import os
 import re
 import zipfile
 
+import jax
 import numpy as np
 from absl import logging
 from etils import epath
 
-from aiayn_flax import paths
+from aiayn_flax import paths, process_zero
 from aiayn_flax.data import ragged, source_text, vocabulary
 from aiayn_flax.data.ragged import RaggedIds
 from aiayn_flax.data.source_text import TextChunks
@@ -68,19 +69,41 @@ def _tokenize_chunks(chunks: TextChunks, vocab, max_length: int) -> TokenizedSpl
 
 def split_ids(config, vocab, split: str) -> TokenizedSplit:
   """A split's token ids: read from the tokenized cache beside the vocabulary file when there,
-  else tokenized chunk by chunk and cached. (The toy task's vocabulary has no file, and no
-  cache: its pairs are generated in a moment.)"""
+  else tokenized chunk by chunk and cached. With several processes, process 0 tokenizes and
+  writes the cache while the others wait, then they read it (process_zero.first). (The toy
+  task's vocabulary has no file, and no cache: its pairs are generated in a moment.)"""
   path, key = _cache_path_and_key(config, vocab, split)
-  if path:
+  if not path:
+    return _tokenize(config, vocab, split)
+  name = f"{config.dataset.name}/{split}"
+
+  def make():
     cached = _read_tokenized(path, key)
     if cached is not None:
-      logging.info("%s/%s: token ids read from %s", config.dataset.name, split, path)
+      logging.info("%s: token ids read from %s", name, path)
       return cached
-  ids = _tokenize_chunks(source_text.text_pair_chunks(config, split), vocab,
-                         config.dataset.max_length)
-  if path:
+    ids = _tokenize(config, vocab, split)
     _write_tokenized(path, key, ids)
-  return ids
+    logging.info("%s: token ids built by process %d of %d", name, jax.process_index(),
+                 jax.process_count())
+    return ids
+
+  def read():
+    cached = _read_tokenized(path, key)
+    if cached is None:  # process 0 could not write the cache: tokenize here, write nothing
+      logging.warning("%s: no readable cache at %s; tokenizing on process %d too", name, path,
+                      jax.process_index())
+      return _tokenize(config, vocab, split)
+    logging.info("%s: token ids read from %s on process %d of %d", name, path,
+                 jax.process_index(), jax.process_count())
+    return cached
+
+  return process_zero.first(f"tokenized {name}", make, read)
+
+
+def _tokenize(config, vocab, split: str) -> TokenizedSplit:
+  return _tokenize_chunks(source_text.text_pair_chunks(config, split), vocab,
+                          config.dataset.max_length)
 
 
 def _cache_path_and_key(config, vocab, split: str) -> tuple[epath.Path | None, str | None]:

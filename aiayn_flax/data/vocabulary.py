@@ -150,7 +150,13 @@ def load_vocabulary(model_path: str) -> Vocabulary:
   if not path.exists():
     raise FileNotFoundError(
         f"{model_path}: no SentencePiece model there (train_vocabulary writes one)")
-  return Vocabulary(path.read_bytes(), model_path)
+  try:
+    return Vocabulary(path.read_bytes(), model_path)
+  except RuntimeError:  # sentencepiece's "could not parse ModelProto": a cut or damaged file
+    raise ValueError(
+        f"{model_path}: damaged, not a readable SentencePiece model; restore it from a copy, "
+        "or delete it and the tokenized/ folder beside it to train it again (the same data "
+        "and seed train the same vocabulary)") from None
 
 
 def streamed_sample(chunks: Iterable[tuple[list[str], list[str]]], size: int,

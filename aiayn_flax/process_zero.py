@@ -1,0 +1,77 @@
+"""Work that process 0 does once for a whole multi-host run while the other processes wait.
+
+A pod slice or a GPU cluster runs the same command on every host. Files of the run (the
+prepared tfds data, the vocabulary, the tokenized cache, the evaluation's outputs) must be
+written by one process: several hosts writing one gs:// object race, and each would redo hours
+of work. `first(name, make, read)` runs make() on process 0 while the others wait on the
+distributed client's key-value store, then read() on the others. An error on process 0 is
+raised on every process, in one line, so that no host waits for a peer that has stopped.
+
+`gathered(value)` collects one JSON value from every process (e.g. the translations of each
+process's share of a test set).
+"""
+import itertools
+import json
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+# Process 0 may prepare a tfds dataset (hours for WMT14) or train a 37k vocabulary while the
+# others wait: their wait is bounded only to end a run whose process 0 is gone.
+WAIT_HOURS = 24
+_WAIT_MS = WAIT_HOURS * 3600 * 1000
+_counter = itertools.count()  # every process makes the same calls in the same order
+
+
+class ProcessZeroFailed(ValueError):
+  """Raised on the other processes when process 0 failed at the work they waited for."""
+
+
+def _client():
+  from jax._src import distributed  # the client jax.distributed.initialize() started
+  return distributed.global_state.client
+
+
+def _key(name: str) -> str:
+  return f"aiayn_flax/{name}/{next(_counter)}"
+
+
+def first(name: str, make, read):
+  """make() on process 0 (alone: on this process), then read() on every other process once
+  process 0 is done. Returns what make() or read() returned."""
+  if jax.process_count() == 1:
+    return make()
+  key, client = _key(name), _client()
+  if client is None:  # joined without a distributed client: a device barrier is all there is
+    if jax.process_index() == 0:
+      result = make()
+      multihost_utils.sync_global_devices(key)
+      return result
+    multihost_utils.sync_global_devices(key)
+    return read()
+  if jax.process_index() == 0:
+    try:
+      result = make()
+    except Exception as e:
+      client.key_value_set(key, f"{type(e).__name__}: {e}")
+      raise
+    client.key_value_set(key, "")
+    return result
+  error = client.blocking_key_value_get(key, _WAIT_MS)
+  if error:
+    raise ProcessZeroFailed(f"process 0 stopped at {name}: {error}")
+  return read()
+
+
+def gathered(value) -> list:
+  """[value of process 0, value of process 1, ...]: a JSON-serializable value from every
+  process, on every process (as UTF-8 bytes gathered over the devices: any size)."""
+  if jax.process_count() == 1:
+    return [value]
+  data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  sizes = multihost_utils.process_allgather(np.array([data.size], np.int64))[:, 0]
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:data.size] = data
+  rows = multihost_utils.process_allgather(padded)  # [processes, longest]
+  return [json.loads(bytes(row[:size])) for row, size in zip(rows, sizes)]

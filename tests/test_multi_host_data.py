@@ -1,0 +1,267 @@
+"""Data, evaluation and the workdir on several hosts: real train.py / evaluate.py processes
+joined by jax.distributed on this machine's loopback (gloo collectives), 2 processes x 4 CPU
+devices, compared with 1 process x 8 devices; and the workdir's lease and damaged files.
+
+The multi-host runs use a tiny Multi30k model (500-piece vocabulary, one layer, 4 steps), so
+that the vocabulary and the tokenized cache are real files built from real text.
+"""
+import contextlib
+import json
+import os
+import pathlib
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from aiayn_flax import workdir_lease
+from conftest import REPO
+from test_cloud_workdir import emulated_gcs  # noqa: F401 - a fixture
+
+TINY_MULTI30K = [
+    "--config=configs/multi30k.py", "--config.model.vocab_size=500", "--config.model.d_model=32",
+    "--config.model.d_ff=64", "--config.model.num_heads=2", "--config.model.num_layers=1",
+    "--config.dataset.vocab_sample_sentences=2000", "--config.dataset.max_length=48",
+    "--config.dataset.bucket_growth=2.0", "--config.tokens_per_batch=512",
+    "--config.num_train_steps=4", "--config.steps_per_call=1",
+    "--config.checkpoint_every_steps=4", "--config.eval_every_steps=4",
+    "--config.log_every_steps=2", "--config.eval_bleu_sentences=8",
+    "--config.checkpoint_asynchronously=false", "--config.average_last_checkpoints=1",
+    "--config.decode_batch_size=16"]
+TOY = ["--config=configs/toy.py", "--config.log_every_steps=10",
+       "--config.checkpoint_every_steps=10", "--config.eval_every_steps=1000",
+       "--config.dataset.toy_eval_examples=20", "--config.checkpoint_asynchronously=false"]
+DIGEST = re.compile(r"^params_digest: (\w+)$", re.M)
+
+
+def environment(**extra) -> dict:
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu", **extra)
+  env.pop("XLA_FLAGS", None)
+  return env
+
+
+@contextlib.contextmanager
+def coordinator_port():
+  """A loopback port for jax.distributed's coordinator, held (SO_REUSEPORT, not listening)
+  until the processes are done, so that nothing else takes it in between; gRPC's server binds
+  with SO_REUSEPORT too, and only its listening socket gets the connections."""
+  with socket.socket() as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("127.0.0.1", 0))
+    yield s.getsockname()[1]
+
+
+def run_processes(args: list[str], processes: int, devices: int, timeout: float = 600):
+  """Runs `python ARGS` as `processes` joined processes of `devices` CPU devices each (one
+  process: not joined); [(exit status, output)] in process order."""
+  with coordinator_port() as port:
+    started = []
+    for index in range(processes):
+      joined = dict(JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
+                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                    JAX_NUM_PROCESSES=str(processes),
+                    JAX_PROCESS_ID=str(index)) if processes > 1 else {}
+      env = environment(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+                        **joined)
+      started.append(subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    try:
+      outputs = [p.communicate(timeout=timeout)[0] for p in started]
+      return [(p.returncode, output) for p, output in zip(started, outputs)]
+    finally:
+      for p in started:
+        p.kill()
+
+
+@pytest.fixture(scope="module")
+def two_process_run(shared_data, tmp_path_factory):
+  """A tiny Multi30k run trained by 2 processes x 4 devices: (workdir, [output of each])."""
+  workdir = tmp_path_factory.mktemp("two_process_run")
+  results = run_processes(["train.py", f"--workdir={workdir}", *TINY_MULTI30K], 2, 4)
+  outputs = [output for _, output in results]
+  assert [status for status, _ in results] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+  return workdir, outputs
+
+
+@pytest.mark.slow
+def test_vocabulary_and_token_ids_are_built_once_by_process_zero(two_process_run):
+  workdir, (first, second) = two_process_run
+  vocab = workdir / "vocab.model"
+  assert f"vocabulary: built by process 0 of 2: {vocab}" in first
+  assert f"vocabulary: read {vocab} on process 1 of 2" in second
+  for split in ("train", "validation"):
+    [cache] = (workdir / "tokenized").glob(f"multi30k-{split}-*.npz")
+    assert f"multi30k/{split}: token ids built by process 0 of 2" in first
+    assert f"multi30k/{split}: token ids read from {cache} on process 1 of 2" in second
+  # Process 1 wrote none of the files (each write logs its path) and trained on nothing else.
+  assert "SentencePiece: wrote" in first and "token ids cached in" in first
+  assert "SentencePiece" not in second and "token ids cached in" not in second
+  assert sorted(p.name for p in workdir.iterdir() if not p.name.startswith("events.")) == [
+      "checkpoints", "tokenized", "vocab.model"]  # no lease left, no temporary file
+  assert DIGEST.findall(first) == DIGEST.findall(second) != []
+
+
+@pytest.mark.slow
+def test_evaluation_on_two_processes_gives_the_hypotheses_of_one(two_process_run, shared_data,
+                                                                  tmp_path):
+  from aiayn_flax.data import text_files
+  workdir, _ = two_process_run
+  for language in ("en", "de"):  # 40 sentences: 3 decoding batches of 16
+    lines = text_files.read_lines(str(shared_data / "multi30k" / f"test_2016_flickr.{language}.gz"))
+    (tmp_path / f"test.{language}").write_text("".join(line + "\n" for line in lines[:40]),
+                                              encoding="utf-8")
+  outputs = {}
+  for processes, devices in ((1, 8), (2, 4)):
+    results = run_processes(
+        ["evaluate.py", f"--workdir={workdir}", f"--src_file={tmp_path / 'test.en'}",
+         f"--ref_file={tmp_path / 'test.de'}", "--beam_size=1",
+         f"--output_dir={tmp_path / str(processes)}"], processes, devices)
+    assert [status for status, _ in results] == [0] * processes, results[-1][1][-3000:]
+    outputs[processes] = [output for _, output in results]
+  name = "test.en.beam1_avg1_step4"
+  one, two = tmp_path / "1", tmp_path / "2"
+  assert (one / f"{name}.hyp").read_bytes() == (two / f"{name}.hyp").read_bytes()
+  assert len((one / f"{name}.hyp").read_text().splitlines()) == 40
+  assert json.loads((one / f"{name}.json").read_text()) == json.loads(
+      (two / f"{name}.json").read_text())
+  # Each process decoded its share (batches 0 and 2: 16 + 8 sentences; batch 1: 16), and only
+  # process 0 printed and wrote.
+  first, second = outputs[2]
+  assert "decoded 24/24 sentences on process 0 of 2" in first
+  assert "decoded 16/16 sentences on process 1 of 2" in second
+  assert "BLEU" in first and f"wrote {name}.json and .hyp" in first
+  assert "BLEU" not in second and "wrote" not in second
+
+
+def start_toy(workdir, steps: int) -> subprocess.Popen:
+  return subprocess.Popen(
+      [sys.executable, "train.py", f"--workdir={workdir}", *TOY,
+       f"--config.num_train_steps={steps}"], cwd=REPO, env=environment(),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_line(process, pattern: str, timeout: float = 300) -> str:
+  """The output of process up to the first line matching pattern."""
+  lines, deadline = [], time.time() + timeout
+  while time.time() < deadline:
+    if select.select([process.stdout], [], [], 5)[0]:
+      line = process.stdout.readline()
+      lines.append(line)
+      if re.search(pattern, line):
+        return "".join(lines)
+      if not line:
+        break
+  raise AssertionError(f"{pattern!r} not seen:\n{''.join(lines[-30:])}")
+
+
+def finished_toy(workdir, steps: int) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "train.py", f"--workdir={workdir}", *TOY,
+                         f"--config.num_train_steps={steps}"], cwd=REPO, env=environment(),
+                        capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_second_trainer_on_a_workdir_in_use_refuses_and_a_killed_runs_lease_does_not_block(
+    tmp_path):
+  workdir = tmp_path / "run"
+  first = start_toy(workdir, 100_000)
+  try:
+    wait_for_line(first, r"step 30/")  # the checkpoint of step 20 is written
+    second = finished_toy(workdir, 5)  # without the lease: resumes past 5, exits 0 at once
+    assert first.poll() is None
+    first.kill()  # SIGKILL: no chance to remove its lease
+    first.wait()
+  finally:
+    first.kill()
+  assert second.returncode == 1, second.stderr[-3000:]
+  lease = json.loads((workdir / "run.lease").read_text())
+  assert lease["pid"] == first.pid and lease["host"] == socket.gethostname()
+  assert second.stderr.strip().splitlines()[-1] == (
+      f"train.py: error: {workdir} is in use by the run started {lease['started']} on host "
+      f"{lease['host']}, pid {first.pid} (last heartbeat {lease['heartbeat_utc']}); wait for "
+      "it to end or stop it, or train in another --workdir (a killed run's lease "
+      f"({workdir / 'run.lease'}) stops counting once its pid is gone, or after "
+      f"{workdir_lease.STALE_SECONDS} s without a heartbeat from another host)")
+  assert "Traceback" not in second.stderr
+
+  # The same command resumes the killed run (its pid is gone), to the parameters of a run that
+  # trained alone.
+  saved = max(int(step.name) for step in (workdir / "checkpoints").iterdir()
+              if step.name.isdigit())
+  resumed = finished_toy(workdir, saved + 20)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Resumed from step {saved} " in resumed.stderr
+  assert not (workdir / "run.lease").exists()
+  alone = finished_toy(tmp_path / "alone", saved + 20)
+  assert DIGEST.findall(resumed.stdout) == DIGEST.findall(alone.stdout) != []
+
+
+def test_a_lease_from_another_host_blocks_until_its_heartbeat_is_stale(tmp_path):
+  path = tmp_path / workdir_lease.LEASE_FILENAME
+  now = time.time()
+  other = {"host": "another-host", "pid": os.getpid(), "run": "x", "started": "then",
+           "heartbeat": now - 10, "heartbeat_utc": "just now"}
+  path.write_text(json.dumps(other))
+  with pytest.raises(workdir_lease.WorkdirInUse, match=r"in use by the run started then on "
+                     rf"host another-host, pid {os.getpid()} \(last heartbeat just now\)"):
+    workdir_lease.take(tmp_path)
+  path.write_text(json.dumps(other | {"heartbeat": now - workdir_lease.STALE_SECONDS - 1}))
+  lease = workdir_lease.take(tmp_path)
+  try:
+    assert json.loads(path.read_text())["host"] == socket.gethostname()
+  finally:
+    lease.release()
+  assert not path.exists()
+
+
+def test_a_killed_run_not_yet_reaped_holds_no_lease():
+  child = subprocess.Popen(["sleep", "600"])
+  try:
+    assert workdir_lease._pid_alive(child.pid)
+    child.kill()
+    stat = pathlib.Path(f"/proc/{child.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # the kernel's teardown
+      time.sleep(0.01)
+    assert not workdir_lease._pid_alive(child.pid)  # a zombie: its pid still answers kill(0)
+  finally:
+    child.kill()
+    child.wait()
+
+
+def test_a_lease_in_a_bucket_refuses_a_second_run(emulated_gcs):  # noqa: F811
+  from etils import epath
+  workdir = "gs://bucket/leased"
+  lease = workdir_lease.take(workdir)
+  try:
+    with pytest.raises(workdir_lease.WorkdirInUse, match=rf"pid {os.getpid()} "):
+      workdir_lease.take(workdir)
+  finally:
+    lease.release()
+  assert not (epath.Path(workdir) / workdir_lease.LEASE_FILENAME).exists()
+  workdir_lease.take(workdir).release()  # free again
+
+
+@pytest.mark.slow
+def test_a_truncated_vocabulary_is_one_line_naming_the_file(two_process_run, tmp_path):
+  workdir, _ = two_process_run
+  damaged = tmp_path / "run"
+  damaged.mkdir()
+  model = (workdir / "vocab.model").read_bytes()
+  (damaged / "vocab.model").write_bytes(model[:len(model) // 2])
+  shutil.copytree(workdir / "tokenized", damaged / "tokenized")
+  result = subprocess.run([sys.executable, "train.py", f"--workdir={damaged}", *TINY_MULTI30K],
+                          cwd=REPO, env=environment(), capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"train.py: error: {damaged / 'vocab.model'}: damaged, not a readable SentencePiece "
+      "model; restore it from a copy, or delete it and the tokenized/ folder beside it to "
+      "train it again (the same data and seed train the same vocabulary)")
+  assert "Traceback" not in result.stderr

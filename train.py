@@ -39,7 +39,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
-  from aiayn_flax import dry_run, sharding, trainer  # after flag parsing: keeps --help fast
+  # After flag parsing: keeps --help fast.
+  from aiayn_flax import compilation_cache, dry_run, sharding, trainer
   config = FLAGS.config
   if FLAGS.dry_run:
     if FLAGS.target:
@@ -53,6 +54,7 @@ def main(argv):
   refusal = check_backend(config)
   if refusal:
     sys.exit(f"train.py: error: {refusal}")
+  compilation_cache.enable(config, FLAGS.workdir)  # before the first compile
   try:
     summary = trainer.train_and_evaluate(config, FLAGS.workdir, FLAGS.force_resume)
   except (FileNotFoundError, ValueError, trainer.NonFiniteTrainingError) as e:

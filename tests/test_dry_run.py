@@ -246,3 +246,14 @@ def test_make_model_resolves_auto_for_the_device_it_builds_for():
   config.model.dtype = "float32"
   assert train_step.make_model(config, tpu).config.dtype == "float32"
   assert jax.devices()[0].platform == "cpu"  # the targets claimed no device here
+
+
+def test_a_mistyped_config_path_names_the_configs_there_are():
+  result = train_py("--config=configs/multi30.py", "--dry_run")
+  assert result.returncode == 1
+  configs = sorted(f"configs/{name}" for name in os.listdir(os.path.join(REPO, "configs"))
+                   if name.endswith(".py") and not name.startswith("_"))
+  assert "configs/multi30k.py" in configs
+  assert result.stderr.strip().splitlines() == [
+      "train.py: error: --config=configs/multi30.py: no such file 'configs/multi30.py'; the "
+      f"configs: {', '.join(configs)}"]

@@ -129,7 +129,7 @@ def test_accumulation_compiles_the_accumulate_and_apply_programs():
 
 def test_every_program_a_run_calls_is_compiled_with_its_shape():
   # The toy run with 4 steps per call, beam search in evaluate.py, BLEU decoding in training.
-  result = train_py("--config=configs/toy.py", "--dry_run", "--target=gpu-h100x1",
+  result = train_py("--config=configs/toy.py", "--dry_run", "--target=tpu-v5e-1",
                     "--config.steps_per_call=4", "--config.beam_size=4",
                     "--config.decode_batch_size=32")
   assert result.returncode == 0, result.stderr[-3000:]

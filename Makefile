@@ -1,9 +1,12 @@
-# Every target creates .venv and installs the project first, so a fresh clone needs only Python 3.11.
-# The install takes the exact versions tested from requirements.lock (README, "Install"), with
-# the test tools and the compilers for TPU/GPU targets (the `aot` extra: --dry_run --target=).
-# These targets are the CPU path; on a TPU or GPU host, install its extra and run train.py
-# (README, "Install on TPU / GPU").
-export JAX_PLATFORMS ?= cpu
+# Every target creates .venv and installs the project first, so a fresh clone needs only
+# Python >= 3.11 (README, "Install"). The install takes the exact versions tested from
+# requirements.lock.
+#
+# `make quickstart` trains on the accelerator when the host has one, and installs only what
+# that needs: jax's TPU extra on a TPU VM, its CUDA 12 extra where nvidia-smi sees a GPU, plain
+# jax for the CPU otherwise. `ACCELERATOR=cpu` (or tpu, gpu) overrides the guess.
+# `make test` installs the test tools and the TPU/GPU compilers of --dry_run --target (the
+# `aot` extra) and runs the tests on the CPU.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -18,29 +21,57 @@ ifeq ($(origin AIAYN_DATA_DIR),undefined)
   endif
 endif
 
-.PHONY: venv quickstart test clean
+# A Cloud TPU VM says so in its environment (TPU_ACCELERATOR_TYPE, as Colab's TPU runtime
+# does too) or has TPU device files (/dev/accel0 on v2-v4, /dev/vfio/0 on v5e and later).
+ACCELERATOR ?= $(shell \
+  if [ -n "$$TPU_ACCELERATOR_TYPE" ] || [ -e /dev/accel0 ] || [ -e /dev/vfio/0 ]; then echo tpu; \
+  elif nvidia-smi -L >/dev/null 2>&1; then echo gpu; \
+  else echo cpu; fi)
+EXTRA_tpu := [tpu]
+EXTRA_gpu := [cuda12]
+EXTRA_cpu :=
+JAX_PLATFORM_tpu := tpu
+JAX_PLATFORM_gpu := cuda
+JAX_PLATFORM_cpu := cpu
+ifeq ($(EXTRA_$(ACCELERATOR))$(JAX_PLATFORM_$(ACCELERATOR)),)
+  $(error ACCELERATOR=$(ACCELERATOR): expected tpu, gpu or cpu)
+endif
 
-$(VENV)/installed: pyproject.toml $(LOCK)
+.PHONY: quickstart test clean
+
+# jax 0.10.2 needs Python >= 3.11; Ubuntu 22.04 (TPU VM images among them) ships 3.10.
+$(VENV)/bin/python:
+	@v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); \
+	case "$$v" in 3.1[1-9]|3.[2-9][0-9]) ;; *) echo "make: $(PYTHON) is Python $${v:-(not found)}; aiayn_flax needs Python >= 3.11: make PYTHON=python3.11, or get one with uv (curl -LsSf https://astral.sh/uv/install.sh | sh; uv python install 3.11; make PYTHON=\$$(uv python find 3.11)), README \"Install\"" >&2; exit 1;; esac
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+
+# One stamp per install, so that a change of extras installs again.
+$(VENV)/installed-run-$(ACCELERATOR): pyproject.toml $(LOCK) | $(VENV)/bin/python
+	$(PY) -m pip install -q -e '.$(EXTRA_$(ACCELERATOR))' -c $(LOCK)
+	touch $@
+
+$(VENV)/installed-test: pyproject.toml $(LOCK) | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[dev,aot]' -c $(LOCK)
 	touch $@
 
-venv: $(VENV)/installed
-
-# Train the CPU quick start on Multi30k, then score test2016 (sacreBLEU with its signature):
+# Train the quick start on Multi30k, then score test2016 (sacreBLEU with its signature):
 # greedy with the last checkpoint, then the paper's recipe (beam 4, last 5 checkpoints averaged).
-quickstart: venv
+# JAX_PLATFORMS names the backend chosen, so that jax uses it or fails saying why.
+quickstart: export JAX_PLATFORMS := $(JAX_PLATFORM_$(ACCELERATOR))
+quickstart: $(VENV)/installed-run-$(ACCELERATOR)
+	@echo "make quickstart: training on the $(ACCELERATOR) (JAX_PLATFORMS=$(JAX_PLATFORMS)); ACCELERATOR=cpu|gpu|tpu overrides"
 	$(PY) train.py --config=configs/multi30k.py --workdir=$(WORKDIR)
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016 --beam_size=1 --average_last=1
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016
 
 # Two pytest workers (pytest-xdist), one test file each at a time: a file's module fixtures
 # are built once. One process kept 1.15 of 2 cores busy; two ran the suite in 19 min, not 28.
+# The tests run on the CPU whatever the host has (conftest.py sets JAX_PLATFORMS=cpu too).
 TEST_WORKERS ?= 2
 
-test: venv
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=20
+test: $(VENV)/installed-test
+	JAX_PLATFORMS=cpu $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 clean:
 	rm -rf $(VENV)

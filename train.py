@@ -39,7 +39,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
-  from aiayn_flax import dry_run, sharding, trainer  # after flag parsing: keeps --help fast
+  # After flag parsing: keeps --help fast.
+  from aiayn_flax import compilation_cache, dry_run, sharding, trainer
   config = FLAGS.config
   if FLAGS.dry_run:
     if FLAGS.target:
@@ -53,6 +54,7 @@ def main(argv):
   refusal = check_backend(config)
   if refusal:
     sys.exit(f"train.py: error: {refusal}")
+  compilation_cache.enable(config, FLAGS.workdir)  # before the first compile
   try:
     summary = trainer.train_and_evaluate(config, FLAGS.workdir, FLAGS.force_resume)
   except (FileNotFoundError, ValueError, trainer.NonFiniteTrainingError) as e:
@@ -101,11 +103,36 @@ def compiled_dry_run(config, target_name: str) -> None:
     sys.exit(f"train.py: error: does not fit: {compiled_plan.does_not_fit_message(result)}")
 
 
+def config_path_error(argv: list[str]) -> str | None:
+  """One line when --config names no file (a typo ends in a long ml_collections traceback
+  otherwise), naming the configs there are; None when it names one."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      value = arg.split("=", 1)[1]
+    elif arg == "--config" and i + 1 < len(argv):
+      value = argv[i + 1]
+    else:
+      continue
+    path = value.split(":", 1)[0]  # configs/base.py:ROW
+    if not os.path.isfile(path):
+      configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+      known = sorted(os.path.relpath(os.path.join(configs, name))
+                     for name in os.listdir(configs)
+                     if name.endswith(".py") and not name.startswith("_"))
+      return f"--config={value}: no such file {path!r}; the configs: {', '.join(known)}"
+  return None
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with an unknown --config.KEY reported in one line, not a traceback
-  from inside ml_collections."""
+  """absl's flag parsing, with a missing config file, a bad config argument (an unknown
+  Table 3 row) and an unknown --config.KEY reported in one line, not a traceback from inside
+  ml_collections."""
+  if error := config_path_error(argv):
+    sys.exit(f"train.py: error: {error}")
   try:
     return FLAGS(argv)
+  except flags.IllegalFlagValueError as e:  # get_config raised: its message ends the text
+    sys.exit(f"train.py: error: {str(e).strip().splitlines()[-1]}")
   except (AttributeError, KeyError) as e:
     message = str(e).encode().decode("unicode_escape")  # ml_collections' message, unescaped
     key = re.search(r"'(\w+)'", message)

@@ -9,6 +9,8 @@ per SM and per block, registers, threads); memory is what the card reports, band
 datasheet's. cuDNN/CUDA versions are those jax-cuda12-plugin 0.10.2 is built against.
 """
 import dataclasses
+import importlib
+import math
 
 GIB = 2**30
 
@@ -84,6 +86,13 @@ class Target:
   def platform(self) -> str:
     return "tpu" if self.tpu_topology else "gpu"
 
+  @property
+  def hosts(self) -> int:
+    """Hosts (JAX processes) of the slice: one for every GPU target here."""
+    if not self.tpu_topology:
+      return 1
+    return self.num_devices // math.prod(self.tpu_topology[2])
+
 
 def _tpu(name, kind, num_devices, topology, chip_config, bounds):
   return Target(name, kind, num_devices, tpu_topology=(topology, chip_config, bounds))
@@ -94,6 +103,11 @@ TARGETS = {t.name: t for t in [
     _tpu("tpu-v5e-1", "tpu_v5e", 1, "v5e:1x1", "default", (1, 1, 1)),  # Colab's TPU runtime
     _tpu("tpu-v5e-8", "tpu_v5e", 8, "v5e:2x4", "default", (2, 4, 1)),
     _tpu("tpu-v5p-8", "tpu_v5p", 4, "v5:2x2x1", "megacore", (2, 2, 1)),
+    # Pod slices: several hosts of 4 (v4, v5p) or 8 (v5e) chips; the slice's topology is the
+    # whole torus, chips_per_host_bounds one host's share of it.
+    _tpu("tpu-v4-32", "tpu_v4", 16, "v4:2x2x4", "megacore", (2, 2, 1)),
+    _tpu("tpu-v5e-32", "tpu_v5e", 32, "v5e:4x8", "default", (2, 4, 1)),
+    _tpu("tpu-v5p-32", "tpu_v5p", 16, "v5:2x2x4", "megacore", (2, 2, 1)),
     *(Target(f"gpu-{gpu}x{n}", gpu, n, gpu=gpu)
       for gpu, counts in [("h100", (1, 8)), ("a100", (1, 8)), ("v100", (1, 8)), ("t4", (1,)),
                           ("l4", (1,))]
@@ -112,6 +126,13 @@ def topology_devices(target_: Target) -> list:
   TPUs and jax-cuda12-plugin for GPUs (pip install -e '.[aot]'), and jax on its CPU backend."""
   import os
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another jax process may hold it
+  compiler = "libtpu" if target_.tpu_topology else "jax_cuda12_plugin"
+  try:
+    importlib.import_module(compiler)
+  except ImportError:
+    raise ValueError(f"--target={target_.name}: compiling for {target_.platform} needs "
+                     f"{compiler}, which is not installed: pip install -e '.[aot]' -c "
+                     "requirements.lock (libtpu, the CUDA plugin and ptxas)") from None
   import jax
   from jax.experimental import topologies
   jax.config.update("jax_platforms", "cpu")  # nothing here may claim a real accelerator

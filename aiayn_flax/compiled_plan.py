@@ -1,10 +1,13 @@
 """`train.py --dry_run --target=NAME`: the run's programs compiled by XLA for an accelerator
 that is not here (accelerator_targets.py), and the per-device memory XLA reports for them.
 
-It compiles what training runs (programs.py): the train step (or, when
+It compiles every program a run calls (programs.py, translator.py), with the shapes and
+placements it calls them with: the training step as the trainer runs it (the multi-step
+program with K = steps_per_call stacked batches, one step, or, when
 micro_batch_tokens_per_device asks for accumulation, the accumulate and apply programs), the
-evaluation step, and one beam-search call of evaluate.py's decoding at decode_batch_size on
-sources of the longest training length. A program's memory is its arguments + outputs +
+evaluation step, the greedy decoding of training's validation BLEU (parameters as training
+shards them), and evaluate.py's decoding (beam_size; one device, parameters whole), both at
+decode_batch_size rows of sources of the longest training length. A program's memory is its arguments + outputs +
 temporaries - what outputs alias (donated state). An HBM overflow that the TPU compiler
 reports itself (RESOURCE_EXHAUSTED) is turned into the same one-line message.
 """
@@ -59,6 +62,10 @@ def largest_memory_bucket(config, model_config, micro_tokens: int, data_shards: 
     rows = bucketing.padded_budget(micro_tokens) // boundary // data_shards * data_shards
     return rows * boundary * activation_bytes_per_token(model_config, boundary)
   return max(boundaries, key=activation_bytes)
+
+
+def _same_for_all(tree, sharding_):
+  return jax.tree.map(lambda _: sharding_, tree)
 
 
 def _abstract(tree, shardings):
@@ -123,9 +130,16 @@ def collectives(hlo_text: str) -> tuple:
                        for op, groups in _COLLECTIVE.findall(hlo_text)}))
 
 
-def compile_run(config, target_name: str, include=("train", "eval", "decode")) -> dict:
+def compile_run(config, target_name: str,
+                include=("train", "eval", "decode", "evaluate"), length: int | None = None) -> dict:
   """Compiles the run's programs for the target (those of `include`; tests leave some out to
-  save time); returns the compiled plan (a dict)."""
+  save time) with training batches of the bucket `length` (default: the bucket that needs the
+  most memory); returns the compiled plan (a dict).
+
+  "train": what one optimizer step runs (train_steps with K = steps_per_call stacked batches,
+  train_step, or accumulate_step + apply_gradient_sums); "eval": the loss of a validation batch;
+  "decode": the greedy decoding of training's validation BLEU, placed as the trainer places it;
+  "evaluate": evaluate.py's decoding (beam_size, on one device, parameters whole)."""
   target = accelerator_targets.target(target_name)
   target_devices = accelerator_targets.topology_devices(target)
   kind = devices.kind(target.kind)
@@ -143,7 +157,7 @@ def compile_run(config, target_name: str, include=("train", "eval", "decode")) -
   data_shards = mesh_axes["data"]
   accumulation = train_step.accumulation_steps(config, data_shards)
   micro_tokens = config.tokens_per_batch // accumulation  # as the trainer's micro_config
-  length = largest_memory_bucket(config, model.config, micro_tokens, data_shards)
+  length = length or largest_memory_bucket(config, model.config, micro_tokens, data_shards)
   rows = bucketing.batch_size_for(length, bucketing.padded_budget(micro_tokens), data_shards)
   shape = f"{rows}x{length}"
   batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding)
@@ -152,12 +166,20 @@ def compile_run(config, target_name: str, include=("train", "eval", "decode")) -
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=replicated)
   scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
   n = len(target_devices)
+  steps_per_call = config.get("steps_per_call", 1)
 
   compiled = []
-  if accumulation == 1:
+  if "train" in include and accumulation == 1 and steps_per_call > 1:
+    # The trainer runs every step through this program, K batches of one shape per call.
+    stacked_sharding = sharding.stacked_batch_sharding(mesh)
+    stacked = {key: jax.ShapeDtypeStruct((steps_per_call, rows, length), jnp.int32,
+                                         sharding=stacked_sharding)
+               for key in ("inputs", "targets")}
+    compiled.append(_compile("train_steps", f"{steps_per_call}x{shape}", programs.steps_fn,
+                             (state, stacked, scalar, rng), n))
+  elif "train" in include and accumulation == 1:
     compiled.append(_compile("train_step", shape, programs.step_fn, (state, batch, rng), n))
-    flops_per_step = compiled[-1].flops
-  else:
+  elif "train" in include:
     grads, metrics = jax.eval_shape(programs.accumulate_fn, None, params, batch, rng, scalar,
                                     scalar)
     sums = (_abstract(grads, state_sharding.params),
@@ -166,27 +188,64 @@ def compile_run(config, target_name: str, include=("train", "eval", "decode")) -
                              (sums, params, batch, rng, scalar, scalar), n))
     compiled.append(_compile("apply_gradient_sums", "-", programs.apply_fn,
                              (state, *sums), n))
-    flops_per_step = accumulation * compiled[0].flops + compiled[1].flops
   if "eval" in include:
     compiled.append(_compile("eval_step", shape, programs.eval_fn, (params, batch), n))
-  if "decode" in include:
-    compiled.append(_compile_decoding(config, model, params, replicated, n))
+  if "decode" in include and training_bleu_sentences(config):
+    # The trainer hands the translator its sharded parameters; with several processes it
+    # first gathers them whole into each process, which decodes on its own default device.
+    one_process = len({d.process_index for d in target_devices}) == 1
+    one_device = jax.sharding.SingleDeviceSharding(target_devices[0])
+    placement = ((state_sharding.params, replicated) if one_process
+                 else (_same_for_all(params, one_device), one_device))
+    compiled.append(_compile_decoding(
+        "greedy_decode", config, model, params, placement, beam_size=1,
+        rows=translator.batch_rows(training_bleu_sentences(config),
+                                   _decode_length(config), config.decode_batch_size),
+        num_devices=n if one_process else 1))
+  if "evaluate" in include:
+    # evaluate.py: the averaged parameters as jnp arrays on the default device, jit without
+    # shardings: one device decodes, whatever the host has.
+    one_device = jax.sharding.SingleDeviceSharding(target_devices[0])
+    compiled.append(_compile_decoding(
+        f"evaluate_{'beam_search' if config.beam_size > 1 else 'greedy_decode'}", config,
+        model, params, (_same_for_all(params, one_device), one_device), beam_size=config.beam_size,
+        rows=config.decode_batch_size, num_devices=1))
 
   largest = max(compiled, key=lambda p: p.memory_bytes)
   usable = int(kind.memory_bytes * (kind.usable_memory_fraction if target.platform == "gpu"
                                     else 1.0))
   return {"target": target.name, "target_devices": f"{n} x {target_devices[0].device_kind}",
+          "target_hosts": len({d.process_index for d in target_devices}),
           "target_mesh": ",".join(f"{k}:{v}" for k, v in mesh_axes.items()),
           "target_compute_dtype": model.config.dtype,
           "accumulation_steps": accumulation, "programs": compiled, "largest": largest,
           "device_memory": kind.memory_bytes, "usable_device_memory": usable,
-          "compiled_flops_per_optimizer_step": flops_per_step,
+          "compiled_flops_per_optimizer_step": _flops_per_optimizer_step(compiled, accumulation),
           "fits": largest.memory_bytes <= usable}
 
 
+def training_bleu_sentences(config) -> int:
+  """The validation sentences the trainer greedy-decodes for BLEU (as trainer.py: the toy
+  task's exact match decodes its whole evaluation set); 0: no decoding during training."""
+  return config.eval_bleu_sentences or (
+      config.dataset.get("toy_eval_examples", 0) if config.dataset.name == "toy_reverse" else 0)
+
+
+def _flops_per_optimizer_step(compiled, accumulation: int) -> float:
+  """FLOPs of one optimizer step from the compiled training programs (0 when none was)."""
+  by_name = {p.name: p for p in compiled}
+  if "train_step" in by_name:
+    return by_name["train_step"].flops
+  if "train_steps" in by_name:  # XLA counts the loop's body once: one step of the K
+    return by_name["train_steps"].flops
+  if "accumulate_step" in by_name:
+    return accumulation * by_name["accumulate_step"].flops + by_name["apply_gradient_sums"].flops
+  return 0.0
+
+
 def plan_lines(result: dict) -> list[str]:
-  lines = [f"{key}: {result[key]}" for key in ("target", "target_devices", "target_mesh",
-                                               "target_compute_dtype")]
+  lines = [f"{key}: {result[key]}" for key in ("target", "target_devices", "target_hosts",
+                                               "target_mesh", "target_compute_dtype")]
   for p in result["programs"]:
     lines.append(f"compiled_{p.name}: {p.shape} memory {p.memory_bytes} = arguments "
                  f"{p.argument_bytes} + outputs {p.output_bytes} + temporaries "
@@ -210,13 +269,18 @@ def does_not_fit_message(result: dict) -> str:
           f"{usable} ({usable / devices.GIB:.2f} GiB) available; try {HELPFUL_KEYS}")
 
 
-def _compile_decoding(config, model, params, replicated, num_devices) -> CompiledProgram:
-  """evaluate.py's beam search on decode_batch_size sources of the longest training length
-  (padded as the translator pads), parameters sharded as in training."""
-  decode_length = translator.padded_source_length(config.dataset.max_length)
-  decode_shape = f"{config.decode_batch_size}x{decode_length}"
-  decode_fn = translator.make_decode_fn(model, config.beam_size, config.length_penalty_alpha,
+def _decode_length(config) -> int:
+  """Sources of the longest training length, padded as the translator pads them."""
+  return translator.padded_source_length(config.dataset.max_length)
+
+
+def _compile_decoding(name, config, model, params, placement, *, beam_size: int, rows: int,
+                      num_devices: int) -> CompiledProgram:
+  """One call of the translator's decoding: `rows` sources of the longest training length,
+  parameters and sources placed by `placement` (the parameters' shardings, the sources')."""
+  length = _decode_length(config)
+  decode_fn = translator.make_decode_fn(model, beam_size, config.length_penalty_alpha,
                                         config.decode_extra_length)
-  sources = jax.ShapeDtypeStruct((config.decode_batch_size, decode_length), jnp.int32,
-                                 sharding=replicated)
-  return _compile("beam_search", decode_shape, decode_fn, (params, sources), num_devices)
+  params = _abstract(params, placement[0])
+  sources = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement[1])
+  return _compile(name, f"{rows}x{length}", decode_fn, (params, sources), num_devices)

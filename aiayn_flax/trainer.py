@@ -26,7 +26,8 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "keep_checkpoints", "eval_bleu_sentences", "beam_size", "length_penalty_alpha",
     "decode_extra_length", "decode_batch_size", "average_last_checkpoints",
     "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
-    "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches"})
+    "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches",
+    "compilation_cache_dir"})
 # Fields that earlier versions saved and that no longer exist (they were never read): a run
 # that saved them resumes without a conflict.
 REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer"})

@@ -136,6 +136,10 @@ def get_config(row: str = ""):
   # Training batches assembled ahead on a background thread (0: on the training thread); the
   # same batches either way (bench/input_pipeline.py measures the assembly).
   c.prefetch_batches = 2
+  # JAX's persistent compilation cache (aiayn_flax/compilation_cache.py): "" is
+  # $JAX_COMPILATION_CACHE_DIR when set, else WORKDIR/xla_cache; a folder or gs:// path;
+  # "off" compiles everything at every start.
+  c.compilation_cache_dir = ""
 
   # Planning only (train.py --dry_run, python -m aiayn_flax.dry_run --table; docs/SCALE.md):
   # the hardware the plan is for and the model FLOPs utilisation assumed for its step time.

@@ -77,20 +77,6 @@ def test_second_run_in_the_same_workdir_continues_from_the_last_step(toy_run, tm
   assert summary["valid/exact_match"] >= 0.95
 
 
-def test_dry_run_prints_the_plan_without_training():
-  result = run_script("train.py", "--config=configs/base.py", "--dry_run")
-  assert result.returncode == 0, result.stderr[-2000:]
-  lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
-  for key in ("parameters", "padded_tokens_per_optimizer_step", "devices", "mesh", "flops_per_step",
-              "bucket_boundaries"):
-    assert key in lines, result.stdout
-  assert lines["tokens_per_batch"] == "25000" and lines["padded_tokens_per_batch"] == "31250"
-  # the budget, rounded up to whole tokens per device and micro-batch
-  micro_batches = int(lines["devices"].split(" x ")[0]) * int(lines["accumulation_steps"])
-  assert 0 <= int(lines["padded_tokens_per_optimizer_step"]) - 31250 < micro_batches
-  assert int(lines["parameters"]) == 63082496
-
-
 def test_translate_keeps_line_count_and_empty_lines(toy_run, tmp_path):
   _, workdir, _ = toy_run
   result = run_script("translate.py", f"--workdir={workdir}", "--beam_size=1",

@@ -1,0 +1,259 @@
+"""`train.py --dry_run`: the analytic plan, and with `--target` every program a run calls
+compiled for a TPU or GPU that is not here (libtpu and jax-cuda12-plugin from the `aot`
+extra), with XLA's memory figures and the collectives the mesh implies; a run that cannot fit
+stops with one line; "auto" precision.
+
+The GPU topologies need jax on its CPU backend from the start (with the CUDA plugin installed
+and no GPU, a default backend start fails the plugin and drops its topology): conftest.py sets
+JAX_PLATFORMS=cpu before any test imports jax.
+
+Paper-size compiles take minutes on 2 cores: these tests compile small configs (the rules
+they check do not depend on depth or width); the full ones are in docs/SCALE.md."""
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from aiayn_flax import accelerator_targets, compiled_plan, devices, flops, train_step
+from aiayn_flax.data import bucketing
+from configs import base, toy
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow  # compiles, or starts train.py
+
+
+def train_py(*args, prelude: str = "pass"):
+  """train.py's output; `prelude` runs first in the same interpreter (to hide a module)."""
+  code = f"{prelude}; import runpy, sys; sys.argv = ['train.py', *sys.argv[1:]]; " \
+         "runpy.run_path('train.py', run_name='__main__')"
+  return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True,
+                        text=True, timeout=600)
+
+
+def program_lines(stdout: str) -> dict[str, str]:
+  """{"train_steps": "4x64x8 memory ...", ...}: the compiled_NAME: lines of one program each."""
+  return {key[len("compiled_"):]: value for key, value in
+          (line.split(": ", 1) for line in stdout.splitlines() if ": " in line)
+          if key.startswith("compiled_") and " memory " in value}
+
+
+def small_base_config(mesh: str = "data:-1"):
+  """The base model's width at 2 of its 6 layers, a small token budget and short buckets:
+  minutes become seconds (the collectives and the memory rules do not depend on depth)."""
+  config = base.get_config()
+  config.tokens_per_batch, config.dataset.max_length, config.mesh = 2048, 32, mesh
+  config.model.num_layers = 2
+  return config
+
+
+def state_bytes_per_device(config, model_shards: int) -> int:
+  """f32 parameters and Adam's two f32 moments, split over the model axis (exactly: every
+  split axis of the base model divides by 2)."""
+  return 3 * 4 * flops.parameter_count(config.model) // model_shards
+
+
+def hand_counted_train_flops(config, rows: int, length: int) -> float:
+  """Matmul FLOPs of one training step, counted by hand from the paper's shapes: forward 2
+  FLOPs per multiply-add, backward twice the forward. Per layer and token: Q, K, V, output
+  projections (4 d^2; the decoder's cross-attention 4 more), the FFN (2 d f); per layer and
+  query: the scores and the weighted sum over `length` keys (2 x d x length, self and cross
+  attention in the decoder); the output projection onto the vocabulary."""
+  m = config.model
+  d, f, n, vocab = m.d_model, m.d_ff, m.num_layers, m.vocab_size
+  tokens = rows * length
+  encoder = n * tokens * (4 * d * d + 2 * d * f + 2 * d * length)
+  decoder = n * tokens * (8 * d * d + 2 * d * f + 4 * d * length)
+  logits = tokens * d * vocab
+  return 3 * 2 * (encoder + decoder + logits)
+
+
+def test_dry_run_prints_the_plan_without_training():
+  result = train_py("--config=configs/base.py", "--dry_run")
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+  for key in ("parameters", "padded_tokens_per_optimizer_step", "devices", "mesh", "flops_per_step",
+              "bucket_boundaries"):
+    assert key in lines, result.stdout
+  assert lines["tokens_per_batch"] == "25000" and lines["padded_tokens_per_batch"] == "31250"
+  # the budget, rounded up to whole tokens per device and micro-batch
+  micro_batches = int(lines["devices"].split(" x ")[0]) * int(lines["accumulation_steps"])
+  assert 0 <= int(lines["padded_tokens_per_optimizer_step"]) - 31250 < micro_batches
+  assert int(lines["parameters"]) == 63082496
+  assert not program_lines(result.stdout)  # nothing compiled without --target
+
+
+@pytest.mark.parametrize("target,mesh,expected", [
+    # data-parallel: the gradient sum is an all-reduce over the 8 devices
+    ("tpu-v5e-8", "data:8", {("all-reduce", 8)}),
+    # tensor-parallel: sums over the 2 devices of `model` (row-parallel matmuls) and the
+    # gradient sum over the 4 of `data`
+    ("gpu-a100x8", "data:4,model:2", {("all-reduce", 4), ("all-reduce", 2)}),
+])
+def test_train_step_compiles_for_the_target_with_its_collectives(target, mesh, expected):
+  config = small_base_config(mesh)
+  result = compiled_plan.compile_run(config, target, include=("train",))
+  (train,) = result["programs"]
+  model_shards = 2 if "model" in mesh else 1
+  assert train.name == "train_step" and result["fits"]
+  # Arguments hold the whole sharded state (plus a batch and a key); outputs alias it.
+  state = state_bytes_per_device(config, model_shards)
+  assert state <= train.argument_bytes < state * 1.05
+  assert train.alias_bytes >= state
+  assert 0 < train.temporary_bytes < devices.kind(accelerator_targets.target(target).kind
+                                                  ).memory_bytes
+  assert expected <= set(train.collectives)
+  assert result["target_compute_dtype"] == "bfloat16"
+  # XLA's count (the TPU compiler's, or the CPU lowering's for a GPU) against the hand count
+  # of the matmuls: the rest (softmax, LayerNorm, Adam) adds a few percent.
+  rows, length = map(int, train.shape.split("x"))
+  hand = hand_counted_train_flops(config, rows, length)
+  assert hand < result["compiled_flops_per_optimizer_step"] < 1.06 * hand
+
+
+def test_accumulation_compiles_the_accumulate_and_apply_programs():
+  config = small_base_config("data:8")
+  # 2048 real tokens, 2560 padded slots = 8 devices x 160 x 2 micro-batches
+  config.micro_batch_tokens_per_device = 160
+  result = compiled_plan.compile_run(config, "gpu-h100x8", include=("train",))
+  assert [p.name for p in result["programs"]] == ["accumulate_step", "apply_gradient_sums"]
+  assert result["accumulation_steps"] == 2
+  accumulate, _ = result["programs"]
+  rows, length = map(int, accumulate.shape.split("x"))
+  assert (rows, length) == (40, 32)  # half of the 80x32 batch a step without accumulation takes
+  # Two micro-batches of 40 rows make up the FLOPs of one 80-row step (hand count).
+  hand = hand_counted_train_flops(config, 2 * rows, length)
+  assert hand < result["compiled_flops_per_optimizer_step"] < 1.06 * hand
+
+
+def test_every_program_a_run_calls_is_compiled_with_its_shape():
+  # The toy run with 4 steps per call, beam search in evaluate.py, BLEU decoding in training.
+  result = train_py("--config=configs/toy.py", "--dry_run", "--target=tpu-v5e-1",
+                    "--config.steps_per_call=4", "--config.beam_size=4",
+                    "--config.decode_batch_size=32")
+  assert result.returncode == 0, result.stderr[-3000:]
+  programs = program_lines(result.stdout)
+  assert list(programs) == ["train_steps", "eval_step", "greedy_decode",
+                            "evaluate_beam_search"], result.stdout
+  config = toy.get_config()
+  length = max(bucketing.boundaries_for(config.dataset))
+  rows = bucketing.batch_size_for(length, bucketing.padded_budget(config.tokens_per_batch), 1)
+  assert programs["train_steps"].startswith(f"4x{rows}x{length} memory ")
+  assert programs["eval_step"].startswith(f"{rows}x{length} memory ")
+  # Decoding: 32 sources padded to 16 tokens (the toy's 12, to a multiple of 16).
+  assert programs["greedy_decode"].startswith("32x16 memory ")
+  assert programs["evaluate_beam_search"].startswith("32x16 memory ")
+  memories = {name: int(line.split()[2]) for name, line in programs.items()}
+  lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+  assert int(lines["compiled_memory_per_device"]) == max(memories.values())
+  assert lines["compiled_memory_program"] == max(memories, key=memories.get)
+  # Beam 4 keeps 4 hypotheses per source where greedy keeps one.
+  assert memories["evaluate_beam_search"] > memories["greedy_decode"]
+  assert lines["fits"] == "yes" and lines["target_hosts"] == "1"
+
+
+def test_the_bucket_compiled_is_the_one_that_needs_the_most_memory():
+  """Every bucket's train step compiled once: the dry run's choice is the largest."""
+  config = toy.get_config()
+  config.model.update(vocab_size=1000, d_model=64, d_ff=256, num_heads=4, num_layers=1)
+  config.dataset.update(max_length=64, bucket_min_length=8, bucket_growth=1.6)
+  config.tokens_per_batch, config.mesh = 1000, "data:8"
+  boundaries = bucketing.boundaries_for(config.dataset)
+  assert len(boundaries) >= 4, boundaries
+  memory = {length: compiled_plan.compile_run(config, "tpu-v5e-8", include=("train",),
+                                              length=length)["largest"].memory_bytes
+            for length in boundaries}
+  model = train_step.make_model(config)
+  assert compiled_plan.largest_memory_bucket(config, model.config, config.tokens_per_batch, 8) \
+      == max(memory, key=memory.get), memory
+
+
+@pytest.mark.parametrize("target,hosts,devices_", [("tpu-v4-32", 4, 16), ("tpu-v5e-32", 4, 32)])
+def test_multi_host_tpu_slices_compile(target, hosts, devices_):
+  config = toy.get_config()
+  config.tokens_per_batch = 2000  # enough rows for 32 data shards
+  result = compiled_plan.compile_run(config, target)
+  assert result["target_hosts"] == hosts == accelerator_targets.target(target).hosts
+  assert result["target_devices"].startswith(f"{devices_} x TPU v")
+  names = [p.name for p in result["programs"]]
+  assert names == ["train_step", "eval_step", "greedy_decode", "evaluate_greedy_decode"]
+  train = result["programs"][0]
+  assert ("all-reduce", devices_) in train.collectives  # the gradient sum crosses every host
+  # Several processes: the trainer gathers the parameters and decodes on one device each.
+  assert result["programs"][2].collectives == ()
+  assert result["fits"]
+
+
+@pytest.mark.parametrize("target", ["gpu-t4x1", "tpu-v5e-1"])
+def test_a_run_that_cannot_fit_fails_with_one_line(target):
+  # A 4M-token vocabulary: 2 GB of f32 embedding, 8 GB with Adam and gradients... on one layer
+  # it compiles fast. On the T4 XLA compiles it and our check refuses; on the TPU the compiler
+  # itself reports RESOURCE_EXHAUSTED.
+  result = train_py("--config=configs/base.py", "--dry_run", f"--target={target}",
+                    "--config.model.num_layers=1", "--config.model.vocab_size=4000000",
+                    "--config.tokens_per_batch=512", "--config.dataset.max_length=16",
+                    "--config.decode_batch_size=1")
+  assert result.returncode != 0
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("train.py: error: does not fit: ")
+  assert "micro_batch_tokens_per_device" in last and "mesh" in last and "fsdp" in last
+  assert "Traceback" not in result.stderr
+
+
+def test_an_unknown_target_lists_the_known_ones():
+  result = train_py("--config=configs/base.py", "--dry_run", "--target=tpu-v9-8")
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1] == (
+      "train.py: error: --target=tpu-v9-8: unknown; known targets: "
+      + ", ".join(accelerator_targets.TARGETS))
+
+
+@pytest.mark.parametrize("target,module", [("tpu-v4-8", "libtpu"),
+                                           ("gpu-h100x1", "jax_cuda12_plugin")])
+def test_a_target_without_the_aot_packages_says_what_to_install(target, module):
+  # sys.modules[name] = None makes `import name` fail as if it were not installed.
+  result = train_py("--config=configs/toy.py", "--dry_run", f"--target={target}",
+                    prelude=f"import sys; sys.modules[{module!r}] = None")
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"train.py: error: --target={target}: compiling for {target[:3]} needs {module}, which "
+      "is not installed: pip install -e '.[aot]' -c requirements.lock (libtpu, the CUDA plugin "
+      "and ptxas)")
+
+
+@pytest.mark.parametrize("kind,dtype", [("tpu_v4", "bfloat16"), ("tpu_v5e", "bfloat16"),
+                                        ("h100", "bfloat16"), ("a100", "bfloat16"),
+                                        ("l4", "bfloat16"), ("v100", "float32"),
+                                        ("t4", "float32"), ("p100", "float32"),
+                                        ("cpu", "float32")])
+def test_auto_precision_is_bfloat16_only_where_the_device_has_bf16_units(kind, dtype):
+  assert devices.compute_dtype("auto", devices.kind(kind)) == dtype
+  assert devices.compute_dtype("float32", devices.kind(kind)) == "float32"
+  assert devices.compute_dtype("bfloat16", devices.kind(kind)) == "bfloat16"
+
+
+def test_make_model_resolves_auto_for_the_device_it_builds_for():
+  config = base.get_config()
+  assert config.model.dtype == "auto"
+  assert train_step.make_model(config).config.dtype == "float32"  # this machine's CPU
+  (tpu,) = accelerator_targets.topology_devices(accelerator_targets.target("tpu-v5e-1"))
+  assert train_step.make_model(config, tpu).config.dtype == "bfloat16"
+  (t4,) = accelerator_targets.topology_devices(accelerator_targets.target("gpu-t4x1"))
+  assert train_step.make_model(config, t4).config.dtype == "float32"
+  (l4,) = accelerator_targets.topology_devices(accelerator_targets.target("gpu-l4x1"))
+  assert train_step.make_model(config, l4).config.dtype == "bfloat16"
+  config.model.dtype = "float32"
+  assert train_step.make_model(config, tpu).config.dtype == "float32"
+  assert jax.devices()[0].platform == "cpu"  # the targets claimed no device here
+
+
+def test_a_mistyped_config_path_names_the_configs_there_are():
+  result = train_py("--config=configs/multi30.py", "--dry_run")
+  assert result.returncode == 1
+  configs = sorted(f"configs/{name}" for name in os.listdir(os.path.join(REPO, "configs"))
+                   if name.endswith(".py") and not name.startswith("_"))
+  assert "configs/multi30k.py" in configs
+  assert result.stderr.strip().splitlines() == [
+      "train.py: error: --config=configs/multi30.py: no such file 'configs/multi30.py'; the "
+      f"configs: {', '.join(configs)}"]

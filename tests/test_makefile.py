@@ -1,0 +1,73 @@
+"""The Makefile: it refuses a Python older than 3.11 in one line naming the fix, and `make
+quickstart` installs and trains for the accelerator the host has (faked here through the
+environment: a TPU VM's TPU_ACCELERATOR_TYPE, an nvidia-smi on the PATH)."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make(*args, env):
+  return subprocess.run(["make", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=60)
+
+
+def executable(path, text):
+  path.write_text(text)
+  path.chmod(0o755)
+  return path
+
+
+def host_env(tmp_path, accelerator: str) -> dict:
+  """The environment of a host with `accelerator` (tpu, gpu or cpu): no TPU variable, and a
+  PATH whose only nvidia-smi is a fake one that lists a GPU (gpu) or none at all."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  for tool in ("sh", "make", "python3", "env"):  # what make and its recipes call
+    os.symlink(shutil.which(tool), bin_dir / tool)
+  env = {k: v for k, v in os.environ.items() if k not in ("TPU_ACCELERATOR_TYPE", "ACCELERATOR")}
+  env["PATH"] = str(bin_dir)
+  if accelerator == "gpu":
+    executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3'\n")
+  if accelerator == "tpu":
+    env["TPU_ACCELERATOR_TYPE"] = "v4-8"
+  return env
+
+
+def test_make_refuses_a_python_older_than_3_11_in_one_line(tmp_path):
+  python310 = executable(tmp_path / "python3.10", "#!/bin/sh\necho 3.10\n")  # prints its version
+  venv = tmp_path / "venv"
+  result = make("quickstart", f"PYTHON={python310}", f"VENV={venv}",
+                env=host_env(tmp_path, "cpu"))
+  assert result.returncode != 0
+  ours = [line for line in result.stderr.splitlines() if not line.startswith("make: ***")]
+  assert ours == [f"make: {python310} is Python 3.10; aiayn_flax needs Python >= 3.11: make "
+                  "PYTHON=python3.11, or get one with uv (curl -LsSf "
+                  "https://astral.sh/uv/install.sh | sh; uv python install 3.11; make "
+                  "PYTHON=$(uv python find 3.11)), README \"Install\""]
+  assert not venv.exists()
+
+
+@pytest.mark.parametrize("accelerator,extra,platform", [("cpu", "'.'", "cpu"),
+                                                        ("gpu", "'.[cuda12]'", "cuda"),
+                                                        ("tpu", "'.[tpu]'", "tpu")])
+def test_quickstart_installs_and_trains_for_the_accelerator_the_host_has(
+    tmp_path, accelerator, extra, platform):
+  # -n: the commands make would run, none run.
+  result = make("-n", "quickstart", f"VENV={tmp_path / 'venv'}",
+                env=host_env(tmp_path, accelerator))
+  assert result.returncode == 0, result.stderr
+  assert f"-m pip install -q -e {extra} -c requirements.lock" in result.stdout
+  assert "aot" not in result.stdout  # the deviceless compilers are the tests' extra
+  assert (f"make quickstart: training on the {accelerator} (JAX_PLATFORMS={platform})"
+          in result.stdout)
+
+
+def test_the_tests_install_the_compilers_and_run_on_the_cpu(tmp_path):
+  result = make("-n", "test", f"VENV={tmp_path / 'venv'}", env=host_env(tmp_path, "gpu"))
+  assert "-m pip install -q -e '.[dev,aot]' -c requirements.lock" in result.stdout
+  # The tests force the CPU even on a GPU host.
+  assert "JAX_PLATFORMS=cpu " + f"{tmp_path / 'venv'}/bin/python -m pytest tests" in result.stdout

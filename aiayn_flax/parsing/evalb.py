@@ -202,8 +202,8 @@ def _read(line: str, params: Parameters) -> _ReadTree | None:
   line has no words (EVALB skips such a test line)."""
   if not line.strip():
     return _ReadTree([], [], 0)
-  try:
-    tree = nltk.Tree.fromstring(line)
+  try:  # read as the children of one synthetic root: a line may hold several trees
+    line_root = nltk.Tree.fromstring(f"( {line} )")
   except ValueError:
     return None
   words, brackets, length = [], [], 0
@@ -225,7 +225,9 @@ def _read(line: str, params: Parameters) -> _ReadTree | None:
     brackets.append((node.label(), start, len(words)))
     return True
 
-  return _ReadTree(words, brackets, length) if visit(tree) else None
+  if any(isinstance(child, str) or not visit(child) for child in line_root):
+    return None
+  return _ReadTree(words, brackets, length)
 
 
 def _scored_brackets(brackets, params: Parameters, label_class):

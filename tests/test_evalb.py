@@ -11,7 +11,7 @@ import nltk
 import pytest
 
 from aiayn_flax.parsing import evalb, linearize, treebank
-from tests.conftest import REPO
+from conftest import REPO
 
 EVALB_DIR = REPO.parent / "shared" / "tools" / "evalb"
 

@@ -32,9 +32,11 @@ def vocabulary_for(config, workdir: str):
     sentences = vocabulary_sample(config)
     logging.info("Training a %d-piece %s vocabulary on %d sentences", config.model.vocab_size,
                  config.dataset.vocab_model_type, len(sentences))
+    from aiayn_flax import tasks
     vocab = vocabulary.train_vocabulary(
         sentences, path, config.model.vocab_size, config.dataset.vocab_model_type,
-        character_coverage=config.dataset.vocab_character_coverage)
+        character_coverage=config.dataset.vocab_character_coverage,
+        user_defined_symbols=tasks.for_config(config).reserved_pieces(config))
   if vocab.vocab_size != config.model.vocab_size:
     raise ValueError(f"{path} has {vocab.vocab_size} pieces but config.model.vocab_size is "
                      f"{config.model.vocab_size}; use a fresh workdir or set the config to match")

@@ -37,15 +37,16 @@ def get_config():
   c.dataset.treebank_dir = ""  # NLTK's sample
   # 80K words of training text: a 4000-piece vocabulary splits rare words into pieces that
   # recur (suffixes, numbers) instead of giving each its own rarely trained embedding.
-  c.model.update(vocab_size=4000, d_model=256, d_ff=1024, num_heads=4, num_layers=4,
-                 dropout_rate=0.2)
-  c.warmup_steps = 800
+  # The paper's 4 layers at the CPU quick start's width (configs/multi30k.py).
+  c.model.update(vocab_size=4000, d_model=128, d_ff=512, num_heads=4, num_layers=4,
+                 dropout_rate=0.1)
+  c.warmup_steps = 600  # peak learning rate 128^-0.5 * 600^-0.5 = 3.6e-3
   c.learning_rate_scale = 1.0
-  c.tokens_per_batch = 2000
+  c.tokens_per_batch = 2000  # real target tokens per step, about 32 trees
   c.num_train_steps = 3000
   c.log_every_steps = 50
-  c.eval_every_steps = 1000
-  c.checkpoint_every_steps = 250
+  c.eval_every_steps = 500
+  c.checkpoint_every_steps = 100
   c.keep_checkpoints = 5
   c.average_last_checkpoints = 5
   c.eval_bleu_sentences = 273  # the whole validation split, greedy-parsed for its F1

@@ -71,10 +71,19 @@ def score_existing_translation() -> None:
 
 def translate_and_score() -> None:
   import jax
-  from aiayn_flax import paths, provenance, run_dir, scoring
+  from aiayn_flax import paths, provenance, run_dir, scoring, tasks
   from aiayn_flax.data import text_files
   from aiayn_flax.translator import Translator
   config = run_dir.load_config(FLAGS.workdir)
+  if config.dataset.name in tasks.PARSING_DATASETS:  # trees and EVALB F1 instead of BLEU
+    from aiayn_flax.parsing import evaluation
+    evaluation.parse_and_score(
+        FLAGS.workdir, config, FLAGS.split or config.dataset.test_split,
+        FLAGS.beam_size or config.beam_size,
+        config.length_penalty_alpha if FLAGS.alpha is None else FLAGS.alpha,
+        FLAGS.average_last or config.average_last_checkpoints,
+        FLAGS.batch_size or config.decode_batch_size, FLAGS.output_dir)
+    return
   if FLAGS.src_file or FLAGS.ref_file:
     if not (FLAGS.src_file and FLAGS.ref_file):
       raise app.UsageError("--src_file and --ref_file go together")

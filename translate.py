@@ -90,13 +90,14 @@ def main(argv):
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   try:
     import jax
-    from aiayn_flax import run_dir, sharding
+    from aiayn_flax import run_dir, sharding, tasks
     from aiayn_flax.translator import Translator
     sharding.initialize_distributed()  # launched on every worker: join the others first
     if jax.process_count() > 1 and not FLAGS.input:
       raise ValueError(f"on {jax.process_count()} processes, give --input (a file every worker "
                        "can read) and --output, or run on one host for standard input")
     config = run_dir.load_config(FLAGS.workdir)
+    task = tasks.for_config(config)
     average_last = FLAGS.average_last or config.average_last_checkpoints
     model, params, _ = run_dir.load_model_and_params(FLAGS.workdir, config, average_last)
     vocab = run_dir.load_vocabulary(FLAGS.workdir, config)
@@ -120,10 +121,12 @@ def main(argv):
     for lines in line_batches(source, name, FLAGS.buffer_size, waits_for_input=not FLAGS.input):
       if FLAGS.nbest:
         for offset, nbest in enumerate(translator.translate_nbest(lines)):
+          texts = task.outputs([lines[offset]] * len(nbest), [text for text, _ in nbest])
           out.writelines(f"{first_line + offset} ||| {one_line(text)} ||| {score:.4f}\n"
-                         for text, score in nbest)
+                         for text, (_, score) in zip(texts, nbest))
       else:
-        out.writelines(one_line(text) + "\n" for text in translator.translate(lines))
+        texts = task.outputs(lines, translator.translate(lines))  # trees, for a parser
+        out.writelines(one_line(text) + "\n" for text in texts)
       out.flush()
       first_line += len(lines)
   except ValueError as e:

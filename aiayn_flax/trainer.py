@@ -2,8 +2,6 @@
 import contextlib
 import hashlib
 import json
-import os
-import signal
 import time
 
 import jax
@@ -11,11 +9,10 @@ import numpy as np
 from absl import logging
 from clu import metric_writers
 from etils import epath
-from jax.experimental import multihost_utils
 
-from aiayn_flax import (checkpoints, config_checks, paths, provenance, scoring, sharding,
-                        stops, train_step, workdir_lease)
-from aiayn_flax.data import bucketing, pipeline, prefetch, source_text
+from aiayn_flax import (checkpoints, config_checks, paths, provenance, sharding, stops, tasks,
+                        train_step, workdir_lease)
+from aiayn_flax.data import bucketing, pipeline, prefetch
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
 
@@ -143,15 +140,13 @@ def evaluate_loss(eval_fn, params, batches, batch_sharding) -> dict:
   return train_step.summarize(jax.device_get(sums))
 
 
-def evaluate_translations(translator, params, sources, references) -> dict:
-  """Greedy-decoded validation BLEU (sacreBLEU), and exact match (the toy task's metric).
+def evaluate_translations(translator, params, sources, references, task) -> dict:
+  """The task's metrics of greedy-decoded validation sentences: BLEU (sacreBLEU) and exact
+  match (the toy task's metric) for translation, EVALB F1 for parsing (tasks.py).
   The translator places the parameters on one device of each process (once, not per batch),
   and the processes share the sentences out (translator.py)."""
   translator.params = params
-  hypotheses = translator.translate(sources)
-  exact = float(np.mean([h == r for h, r in zip(hypotheses, references)]))
-  return {"bleu": scoring.sacrebleu_scores(hypotheses, references)["bleu"]["score"],
-          "exact_match": exact}
+  return task.validation_metrics(sources, translator.translate(sources), references)
 
 
 def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shards: int):
@@ -239,11 +234,12 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
 
   programs = training_programs(config, model, mesh, state_sharding)
   rng = train_step.dropout_key(config.seed)
+  task = tasks.for_config(config)
   num_bleu = config.eval_bleu_sentences or (
       config.dataset.toy_eval_examples if config.dataset.name == "toy_reverse" else 0)
   if num_bleu:
-    bleu_sources, bleu_references = (
-        lines[:num_bleu] for lines in source_text.text_pairs(config, config.dataset.eval_split))
+    bleu_sources, bleu_references = (lines[:num_bleu] for lines in task.sources_and_references(
+        config, config.dataset.eval_split))
     translator = Translator(model, None, vocab, beam_size=1,
                             extra_length=config.decode_extra_length,
                             batch_size=config.decode_batch_size)
@@ -325,7 +321,7 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
             programs.eval_fn, state.params, eval_batches, batch_sharding).items()}
         if num_bleu:
           evaluation |= {f"valid/{k}": v for k, v in evaluate_translations(
-              translator, state.params, bleu_sources, bleu_references).items()}
+              translator, state.params, bleu_sources, bleu_references, task).items()}
         writer.write_scalars(step, evaluation)
         logging.info("step %d: %s", step, " ".join(f"{k} {v:.4g}" for k, v in evaluation.items()))
         summary |= evaluation

@@ -42,9 +42,11 @@ def vocabulary_for(config, workdir: str):
     sentences = vocabulary_sample(config)
     logging.info("Training a %d-piece %s vocabulary on %d sentences", config.model.vocab_size,
                  config.dataset.vocab_model_type, len(sentences))
+    from aiayn_flax import tasks
     built = vocabulary.train_vocabulary(
         sentences, path, config.model.vocab_size, config.dataset.vocab_model_type,
-        character_coverage=config.dataset.vocab_character_coverage)
+        character_coverage=config.dataset.vocab_character_coverage,
+        user_defined_symbols=tasks.for_config(config).reserved_pieces(config))
     logging.info("vocabulary: built by process %d of %d: %s", jax.process_index(),
                  jax.process_count(), path)
     return built

@@ -106,6 +106,7 @@ def train_vocabulary(
     model_type: str = "unigram",
     byte_fallback: bool = True,
     character_coverage: float = 1.0,
+    user_defined_symbols: Sequence[str] = (),
 ) -> Vocabulary:
   """Trains a vocabulary on sentences (all languages together), writes it to model_path.
 
@@ -113,7 +114,8 @@ def train_vocabulary(
   byte_fallback, characters unseen in training become UTF-8 byte pieces instead of UNK, so
   every text round-trips (256 of the vocab_size pieces are bytes). A character_coverage below 1
   leaves the rarest characters (that fraction of the character occurrences) out of the pieces:
-  they are spelled in bytes, and their slots go to frequent subwords.
+  they are spelled in bytes, and their slots go to frequent subwords. `user_defined_symbols`
+  are pieces kept whole wherever they occur (the parsing task's tree tokens).
   """
   logging.info("SentencePiece: training a %d-piece %s model for %s", vocab_size, model_type,
                model_path)
@@ -134,6 +136,7 @@ def train_vocabulary(
       normalization_rule_name="identity",
       remove_extra_whitespaces=False,
       byte_fallback=byte_fallback,
+      user_defined_symbols=list(user_defined_symbols),
       num_threads=_TRAINING_THREADS,
       minloglevel=2,  # the trainer's own per-iteration log goes to stderr otherwise
   )

@@ -1,0 +1,45 @@
+"""evaluate.py for a parsing run: parse a split of the treebank with the run's decoding recipe,
+write the two files EVALB reads, and score them with our EVALB (COLLINS.prm).
+
+WORKDIR/eval/<split>.gold and <split>.tst hold one tree per line, aligned, every sentence of
+the split (none dropped; a decoded sequence is repaired into a tree, linearize.repair). The
+model predicts no part-of-speech tags (XX, as Vinyals et al. 2015): the .tst trees carry the
+gold tags, so that EVALB removes the same punctuation from both sides and scores brackets
+only. (Its tagging accuracy is then 100% by construction, and meaningless.)
+"""
+import time
+
+from absl import logging
+from etils import epath
+
+from aiayn_flax import paths, run_dir, tasks
+from aiayn_flax.parsing import evalb, sentences
+from aiayn_flax.translator import Translator
+
+
+def parse_and_score(workdir: str, config, split: str, beam_size: int, alpha: float,
+                    average_last: int, batch_size: int, output_dir: str | None = None):
+  """Parses `split`, writes <split>.gold / <split>.tst under output_dir (WORKDIR/eval), prints
+  the EVALB line and returns the scores."""
+  sources, gold = tasks.Parsing().sources_and_references(config, split)
+  model, params, steps = run_dir.load_model_and_params(workdir, config, average_last)
+  vocab = run_dir.load_vocabulary(workdir, config)
+  logging.info("parsing %d sentences of %s: beam %d, alpha %.2f, parameters of steps %s",
+               len(sources), split, beam_size, alpha, steps)
+  translator = Translator(model, params, vocab, beam_size=beam_size, alpha=alpha,
+                          extra_length=config.decode_extra_length, batch_size=batch_size)
+  start = time.time()
+  decoded = translator.translate(sources, progress_every=50)
+  seconds = time.time() - start
+  test = [sentences.tree_line(s, d, g) for s, d, g in zip(sources, decoded, gold)]
+  directory = epath.Path(output_dir or paths.workdir_path(workdir) / "eval")
+  directory.mkdir(parents=True, exist_ok=True)
+  (directory / f"{split}.gold").write_text("".join(line + "\n" for line in gold))
+  (directory / f"{split}.tst").write_text("".join(line + "\n" for line in test))
+  scores = evalb.score_corpus(gold, test)
+  print(f"{scores.all.summary()}; {split}, {len(sources)} sentences, beam {beam_size}, "
+        f"alpha {alpha}, steps {steps}, decoded in {seconds:.0f} s")
+  print(f"len<={evalb.COLLINS.cutoff_length}: {scores.up_to_cutoff.summary()}")
+  print(f"wrote {directory / (split + '.gold')} and {split}.tst (EVALB: evalb -p COLLINS.prm "
+        "GOLD TST)")
+  return scores

@@ -1,0 +1,57 @@
+"""English constituency parsing (section 6.3) on NLTK's public Penn Treebank sample, trained on
+a 2-core CPU in at most 45 minutes: the task of configs/parsing.py at a CPU's size.
+
+Data: 3,914 WSJ trees (sections 00-01) split by file: train wsj_0001-0159 (3,396 trees),
+validation wsj_0160-0179 (273), test wsj_0180-0199 (245); read from
+`$AIAYN_DATA_DIR/ptb_sample/treebank.zip` or downloaded from nltk_data.
+
+  python train.py --config=configs/parsing_sample.py --workdir=runs/parse
+  python evaluate.py --workdir=runs/parse          # EVALB F1 on the 245 test trees
+  echo "The cat sat on the mat ." | python translate.py --workdir=runs/parse
+
+The paper's decoding (beam 21, alpha 0.3, input + 300 tokens) at this size: beam and alpha
+as measured in docs/PARSING.md, and at most input + 150 output pieces, which no tree of the
+sample needs (the longest excess of tree tokens over sentence pieces is under 100).
+"""
+from configs import base
+
+
+def get_config():
+  c = base.get_config()
+  c.name = "parsing_sample"
+  c.needs_accelerator = False  # made for a laptop CPU
+  c.dataset.update(
+      name="penn_treebank",
+      train_split="train",
+      eval_split="validation",
+      test_split="test",
+      vocab_model_type="unigram",
+      vocab_sample_sentences=0,
+      vocab_character_coverage=1.0,
+      max_length=256,
+      # Ten batch shapes (16, 24, 32, 48, ..., 256): each is one compile of the train step.
+      bucket_min_length=16,
+      bucket_growth=1.3,
+      bucket_quantum=8,
+  )
+  c.dataset.treebank_dir = ""  # NLTK's sample
+  # 80K words of training text: a 4000-piece vocabulary splits rare words into pieces that
+  # recur (suffixes, numbers) instead of giving each its own rarely trained embedding.
+  # The paper's 4 layers at the CPU quick start's width (configs/multi30k.py).
+  c.model.update(vocab_size=4000, d_model=128, d_ff=512, num_heads=4, num_layers=4,
+                 dropout_rate=0.1)
+  c.warmup_steps = 600  # peak learning rate 128^-0.5 * 600^-0.5 = 3.6e-3
+  c.learning_rate_scale = 1.0
+  c.tokens_per_batch = 2000  # real target tokens per step, about 32 trees
+  c.num_train_steps = 3000
+  c.log_every_steps = 50
+  c.eval_every_steps = 500
+  c.checkpoint_every_steps = 100
+  c.keep_checkpoints = 5
+  c.average_last_checkpoints = 5
+  c.eval_bleu_sentences = 273  # the whole validation split, greedy-parsed for its F1
+  c.decode_batch_size = 64
+  c.beam_size = 4
+  c.length_penalty_alpha = 0.3
+  c.decode_extra_length = 150
+  return c

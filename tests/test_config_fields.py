@@ -33,7 +33,8 @@ def read_pattern(field: str) -> re.Pattern:
   receiver = rf"\b(?:\w*config|cfg{''.join('|' + s for s in section)})"
   k = re.escape(key)
   return re.compile(rf"{receiver}\s*\.\s*{k}\b|{receiver}\.get\(\s*[\"']{k}[\"']"
-                    rf"|{receiver}\[\s*[\"']{k}[\"']\s*\]|getattr\(\s*{receiver}\s*,\s*[\"']{k}[\"']")
+                    rf"|{receiver}\[\s*[\"']{k}[\"']\s*\]"
+                    rf"|getattr\(\s*{receiver}\s*,\s*[\"']{k}[\"']")
 
 
 def unread_fields(config, source_text: str) -> list[str]:

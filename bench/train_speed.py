@@ -1,33 +1,32 @@
 """Training speed: our step against the PyTorch peer, MFU, and how throughput scales.
 
-  python bench/train_speed.py                    # small and base vs the peer, 3 pairs each
-  python bench/train_speed.py --scaling          # and tokens/s as batch and length grow
-  python bench/train_speed.py --steps_per_call=4   # 4 steps per compiled call (see below)
+  python bench/train_speed.py --torch_python=.bench_venv/bin/python   # both sizes, 3 pairs
+  python bench/train_speed.py --torch_python=... --scaling   # and tokens/s as batch/length grow
   python bench/train_speed.py --sizes= --config=configs/multi30k.py --batch=80 --length=32
       (one config's step alone: ms, tokens/s, MFU, page faults and kernel time per step)
   python bench/train_speed.py --sizes= --dropout_ab --pairs=4 --steps=4 --batch=80 --length=32
 
-Sizes (those of ../shared/bench/torch_peer.py): `small` is configs/multi30k.py's model (d_model
-256, 3+3 layers, d_ff 1024, 4 heads, vocabulary 8000) on 32x64 batches; `base` is the paper's
-base with a 32,000-piece vocabulary on 16x128 batches. Batches are synthetic with the peer's
-padding pattern (the last quarter of every row is padding); tokens/s counts real source +
-target tokens. For each size, our jitted step (compiled once, then warmed up) and the peer (a
-subprocess that warms up before its own timer) are timed alternately, A B A B ..., so that
-both see the same machine load; the ratio is the median over pairs of peer time / our time.
+Sizes: `quickstart` is configs/multi30k.py's model on 91x32 batches (its 2200 real tokens per
+side per step); `base` is configs/base.py's model (37,000-piece vocabulary) on 16x128 batches,
+a small batch of the base shape. Both sides train on the same synthetic batches
+(bench/synthetic_batches.py: the last quarter of every row is padding) and tokens/s counts real
+source + target tokens. The peer (bench/torch_peer.py) is one process started once and asked
+for timings over a pipe, built from our config's shapes (d_model, d_ff, heads, layers,
+vocabulary, dropout, label smoothing), so the two sides cannot compare different models. For
+each size our step and the peer's are timed alternately, A B A B ..., so both see the same
+machine load; the ratio is the median over pairs of peer time / our time. Our step runs as the
+trainer runs it, `steps_per_call` steps per compiled call (4 for the quick start, 1 for base),
+so a timing covers whole calls; the peer steps one batch at a time, as PyTorch trains.
 MFU is the model's analytic training FLOPs (aiayn_flax/flops.py) per second over an f32 matmul
-peak measured in this process: the median of the peaks measured at the start and before each
-pair, since one measurement swung from 85 to 170 GFLOP/s between runs. Our step runs as the
-trainer runs it, `steps_per_call` steps per compiled call (configs/base.py; --steps_per_call=4
-for the peer sizes, --config.steps_per_call=4 in single-config mode), so a timing covers whole
-calls.
+peak measured in this process (the median of the peaks measured at the start and before each
+pair: it moves with the machine's load).
 
-The peer needs torch==2.13.0 (CPU build), which is not a project dependency: it is installed
-into .bench_venv/torch on first use (set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
-for the CPU-only wheel), or pass --torch_python=PATH of an interpreter that has it.
+The peer needs torch, which is not a project dependency: see bench/torch_peer.py for the
+install (a venv of its own, the CPU build), then pass --torch_python=PATH of its interpreter.
 """
 import functools
+import json
 import os
-import re
 import resource
 import statistics
 import subprocess
@@ -44,10 +43,12 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from aiayn_flax import flops, model, optimizer, train_step, trainer  # noqa: E402
+from bench.synthetic_batches import real_tokens, synthetic_batches  # noqa: E402
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py",
                                 "Config timed alone when --sizes is empty.")
-flags.DEFINE_list("sizes", ["small", "base"], "Peer sizes to compare with (small, base).")
+flags.DEFINE_list("sizes", ["quickstart", "base"], "Sizes to compare with the PyTorch peer "
+                  "(quickstart, base).")
 flags.DEFINE_integer("pairs", 3, "Alternating (ours, peer) timings per size.")
 flags.DEFINE_integer("steps", 5, "Timed steps per timing.")
 flags.DEFINE_bool("scaling", False, "Also print tokens/s as the batch and the length grow.")
@@ -59,24 +60,24 @@ flags.DEFINE_bool("dropout_ab", False, "With --sizes empty: time --config's step
                   "alternately, and threefry / rbg / unsafe_rbg random words.")
 flags.DEFINE_integer("steps_per_call", 0, "Our steps per compiled call for the peer sizes "
                      "(train_step.train_steps); 0: the config's.")
-flags.DEFINE_string("torch_python", "", "Python with torch==2.13.0 (default: .bench_venv/torch, "
-                    "created on first use).")
+flags.DEFINE_string("torch_python", os.path.join(".bench_venv", "bin", "python"),
+                    "Python with torch (bench/torch_peer.py says how to install it).")
 FLAGS = flags.FLAGS
 
-PEER = os.path.join(os.path.dirname(REPO), "shared", "bench", "torch_peer.py")
-TORCH_VENV = os.path.join(REPO, ".bench_venv", "torch")
+PEER = os.path.join(REPO, "bench", "torch_peer.py")
 
 
 def size_config(size: str):
   """Our config for a peer size, and its batch shape (rows, length)."""
   from configs import base, multi30k
-  if size == "small":
-    config, shape = multi30k.get_config(), (32, 64)
+  if size == "quickstart":
+    config = multi30k.get_config()
+    length = 32
+    shape = (config.tokens_per_batch // (length - length // 4), length)  # 91 x 32
   elif size == "base":
     config, shape = base.get_config(), (16, 128)
-    config.model.vocab_size = 32000  # the peer's
   else:
-    raise ValueError(f"--sizes: unknown size {size!r} (expected small or base)")
+    raise app.UsageError(f"--sizes: unknown size {size!r} (expected quickstart or base)")
   if FLAGS.steps_per_call:
     config.steps_per_call = FLAGS.steps_per_call
   return config, shape
@@ -95,19 +96,6 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> float:
   return 2 * n ** 3 / best / 1e9
 
 
-def synthetic_batch(rng, batch: int, length: int, vocab: int) -> dict:
-  """Random ids in [4, vocab) with the last quarter of every row padded, as the torch peer."""
-  tokens = {k: rng.integers(4, vocab, (batch, length)).astype(np.int32)
-            for k in ("inputs", "targets")}
-  for v in tokens.values():
-    v[:, length - length // 4:] = 0
-  return tokens
-
-
-def real_tokens(batch: int, length: int) -> int:
-  return 2 * batch * (length - length // 4)
-
-
 class OurStep:
   """The jitted training step on one batch shape, as the trainer runs it: config.steps_per_call
   steps per call (`train_step.train_steps`) when that is above 1. Compiled and warmed up once,
@@ -120,9 +108,7 @@ class OurStep:
     self.state = train_step.create_train_state(config, model)
     kwargs = dict(model=model, label_smoothing=config.label_smoothing,
                   schedule=optimizer.learning_rate_schedule(config))
-    rng = np.random.default_rng(0)
-    self.batches = [synthetic_batch(rng, batch, length, config.model.vocab_size)
-                    for _ in range(4)]
+    self.batches = synthetic_batches(batch, length, config.model.vocab_size)
     self.key = train_step.dropout_key(0)
     if self.steps_per_call == 1:
       step = jax.jit(functools.partial(train_step.train_step, **kwargs), donate_argnums=0)
@@ -190,48 +176,52 @@ def compare_dropout(config, batch: int, length: int) -> None:
     print(f"{impl}: {(time.perf_counter() - start) / 20 / 8 * 1000:.2f} ms per {words} words")
 
 
-def torch_python() -> str:
-  """An interpreter with torch==2.13.0: --torch_python, or .bench_venv/torch (made if missing)."""
-  if FLAGS.torch_python:
-    return FLAGS.torch_python
-  python = os.path.join(TORCH_VENV, "bin", "python")
-  if not os.path.exists(python):
-    print(f"installing torch==2.13.0 into {TORCH_VENV} (once)", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", TORCH_VENV], check=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.13.0"], check=True)
-  return python
+class Peer:
+  """bench/torch_peer.py in one process for the whole run, asked for timings over a pipe."""
+
+  def __init__(self, python: str):
+    if not os.path.exists(python):
+      raise app.UsageError(f"--torch_python={python}: no such interpreter; install torch as "
+                           "bench/torch_peer.py says")
+    self.process = subprocess.Popen([python, PEER], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)
+
+  def seconds_per_step(self, config, rows: int, length: int, steps: int) -> float:
+    m = config.model
+    request = {"model": {"vocab_size": m.vocab_size, "d_model": m.d_model, "d_ff": m.d_ff,
+                         "num_heads": m.num_heads, "num_layers": m.num_layers,
+                         "dropout_rate": m.dropout_rate},
+               "label_smoothing": config.label_smoothing, "rows": rows, "length": length,
+               "steps": steps}
+    self.process.stdin.write(json.dumps(request) + "\n")
+    self.process.stdin.flush()
+    answer = self.process.stdout.readline()
+    if not answer:
+      raise RuntimeError(f"{PEER} exited with status {self.process.wait()}")
+    return json.loads(answer)["seconds_per_step"]
+
+  def close(self) -> None:
+    self.process.stdin.close()
+    self.process.wait()
 
 
-def peer_seconds_per_step(python: str, size: str, batch: int, length: int, steps: int) -> float:
-  result = subprocess.run(
-      [python, PEER, "--size", size, "--batch", str(batch), "--length", str(length),
-       "--steps", str(steps)], capture_output=True, text=True, check=True)
-  match = re.search(r"step_ms=([0-9.]+)", result.stdout)
-  if not match:
-    raise RuntimeError(f"{PEER} printed no step_ms: {result.stdout} {result.stderr[-2000:]}")
-  return float(match.group(1)) / 1000
-
-
-def compare_with_peer(size: str, peak: float, python: str) -> dict:
+def compare_with_peer(size: str, peak: float, peer: Peer) -> None:
+  """Prints one line: both sides' tokens/s, the ratio (median of pairs) and our MFU."""
   config, (batch, length) = size_config(size)
   ours = OurStep(config, batch, length)
   pairs, peaks = [], [peak]
   for _ in range(FLAGS.pairs):
     peaks.append(matmul_peak_gflops())  # the peak moves with the machine's load, as we do
-    ours_s = ours.seconds_per_step(FLAGS.steps)
-    peer_s = peer_seconds_per_step(python, size, batch, length, FLAGS.steps)
-    pairs.append((ours_s, peer_s))
-    print(f"  {size} pair: ours {ours_s * 1000:.0f} ms ({ours.steps_per_call} step(s) per call), "
-          f"peer {peer_s * 1000:.0f} ms per step",
-          flush=True)
+    pairs.append((ours.seconds_per_step(FLAGS.steps),
+                  peer.seconds_per_step(config, batch, length, FLAGS.steps)))
+  tokens = real_tokens(batch, length)
   ours_s = statistics.median(o for o, _ in pairs)
   peer_s = statistics.median(p for _, p in pairs)
-  tokens = real_tokens(batch, length)
-  return {"size": size, "batch": f"{batch}x{length}",
-          "ours_tokens_per_s": tokens / ours_s, "peer_tokens_per_s": tokens / peer_s,
-          "ratio": statistics.median(p / o for o, p in pairs),
-          "peak": statistics.median(peaks),
-          "mfu": ours.flops_per_step() / ours_s / 1e9 / statistics.median(peaks)}
+  mfu = ours.flops_per_step() / ours_s / 1e9 / statistics.median(peaks)
+  print(f"{size} ({config.name}, {batch}x{length}, {ours.steps_per_call} step(s) per call): "
+        f"ours {tokens / ours_s:.0f} tokens/s, torch {tokens / peer_s:.0f} tokens/s, ours/torch "
+        f"{statistics.median(p / o for o, p in pairs):.2f} (median of {len(pairs)} pairs; "
+        f"per pair {' '.join(f'{p / o:.2f}' for o, p in pairs)}), our MFU {mfu:.2f}", flush=True)
 
 
 def scaling_rows(config, peak: float, base_batch: int, base_length: int) -> list[dict]:
@@ -273,14 +263,12 @@ def main(argv):
           f"{(after.ru_minflt - before.ru_minflt) / steps:.0f} page faults, "
           f"{(after.ru_stime - before.ru_stime) / steps:.2f} s of kernel time")
     return
-  python = torch_python()
-  results = [compare_with_peer(size, peak, python) for size in FLAGS.sizes]
-  print("\n| size | batch | ours tokens/s | torch tokens/s | ours / torch (median of pairs) "
-        "| matmul peak, GFLOP/s | our MFU |\n|---|---|---:|---:|---:|---:|---:|")
-  for r in results:
-    print(f"| {r['size']} | {r['batch']} | {r['ours_tokens_per_s']:.0f} | "
-          f"{r['peer_tokens_per_s']:.0f} | {r['ratio']:.2f} | {r['peak']:.1f} | "
-          f"{r['mfu']:.2f} |")
+  peer = Peer(FLAGS.torch_python)
+  try:
+    for size in FLAGS.sizes:
+      compare_with_peer(size, peak, peer)
+  finally:
+    peer.close()
   if FLAGS.scaling:
     for size in FLAGS.sizes:
       config, (batch, length) = size_config(size)

@@ -9,7 +9,6 @@ in, so here epath is switched to fsspec and the event files go to a local folder
 """
 import json
 import logging
-import socket
 import subprocess
 import sys
 
@@ -63,11 +62,11 @@ def give_downloads_their_generation():
 def emulated_gcs():
   from gcp_storage_emulator.server import create_server
   handlers = give_downloads_their_generation()
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  server = create_server("localhost", port, in_memory=True, default_bucket=BUCKET)
-  server.start()
+  # Port 0: the OS picks a free port as the emulator binds it, and we read it back (a port
+  # found free beforehand could be taken by another process before the emulator binds it).
+  server = create_server("localhost", 0, in_memory=True, default_bucket=BUCKET)
+  server.start()  # returns once the HTTP server is bound
+  port = server._api._httpd.server_address[1]  # the emulator has no public accessor for it
   url = f"http://localhost:{port}"
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("STORAGE_EMULATOR_HOST", url)  # gcsfs
@@ -133,6 +132,7 @@ def files_under(url: str) -> set[str]:
   return {path[len(url) - len("gs://") + 1:] for path in fsspec.filesystem("gcs").find(url)}
 
 
+@pytest.mark.slow
 def test_a_run_in_a_bucket_trains_resumes_and_evaluates_with_nothing_on_the_local_disk(
     emulated_gcs, local_tensorboard, small_corpus, tmp_path_factory, monkeypatch, caplog):
   cwd = tmp_path_factory.mktemp("cwd")

@@ -1,13 +1,12 @@
 """Every field of every config is read by the code: a field nothing reads would let
 `--config.key=value` silently change nothing (and still take part in the resume check)."""
-import pathlib
 import re
 
 import pytest
 
+from conftest import REPO, run_script
 from configs import base, big, big_enfr, multi30k, toy
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 # Where a field may be read: the library, the entry points and the benchmarks (not configs/,
 # which only set fields, nor tests/).
 READERS = sorted([*REPO.glob("aiayn_flax/**/*.py"), *REPO.glob("*.py"), *REPO.glob("bench/*.py")])
@@ -25,10 +24,21 @@ def leaf_fields(config, prefix=""):
       yield prefix + key
 
 
-def read_patterns(key: str) -> re.Pattern:
-  """How code reads a field: config.key, config.get("key"...), config["key"]."""
+def read_pattern(field: str) -> re.Pattern:
+  """How code reads a field: on a config object (a name ending in `config`, `cfg`, or the
+  field's section, `dataset` or `model`, as in `config.model.d_model`), as an attribute,
+  with .get("key"...), ["key"] or getattr(obj, "key"). A `.key` on anything else (`path.name`,
+  `x.shape`) is not a read of the config."""
+  *section, key = field.split(".")
+  receiver = rf"\b(?:\w*config|cfg{''.join('|' + s for s in section)})"
   k = re.escape(key)
-  return re.compile(rf"\.{k}\b|get\(\s*[\"']{k}[\"']|\[\s*[\"']{k}[\"']\s*\]")
+  return re.compile(rf"{receiver}\s*\.\s*{k}\b|{receiver}\.get\(\s*[\"']{k}[\"']"
+                    rf"|{receiver}\[\s*[\"']{k}[\"']\s*\]"
+                    rf"|getattr\(\s*{receiver}\s*,\s*[\"']{k}[\"']")
+
+
+def unread_fields(config, source_text: str) -> list[str]:
+  return [field for field in leaf_fields(config) if not read_pattern(field).search(source_text)]
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +48,19 @@ def source_text():
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_every_config_field_is_read_by_the_code(name, source_text):
-  unread = [field for field in leaf_fields(CONFIGS[name])
-            if not read_patterns(field.rsplit(".", 1)[-1]).search(source_text)]
+  unread = unread_fields(CONFIGS[name], source_text)
   assert not unread, f"configs {name}: fields nothing reads: {unread}"
 
 
-def test_the_check_sees_an_unread_field(source_text):
+@pytest.mark.parametrize("field", ["never_read_anywhere", "shape", "path", "dataset.size",
+                                   "model.shape"])
+def test_the_check_sees_an_unread_field_even_with_a_common_name(field, source_text):
   config = toy.get_config()
-  config.dataset.never_read_anywhere = 1
-  assert "dataset.never_read_anywhere" in [
-      f for f in leaf_fields(config)
-      if not read_patterns(f.rsplit(".", 1)[-1]).search(source_text)]
+  *section, key = field.split(".")
+  (config[section[0]] if section else config)[key] = 1
+  assert [f for f in unread_fields(config, source_text) if f.endswith(key)] == [field]
+  if key != "never_read_anywhere":  # the name is read all over the code, but not from a config
+    assert re.search(rf"\.{key}\b", source_text)
 
 
 def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_value():
@@ -67,6 +79,7 @@ def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_valu
       f"{current['dataset']['max_length']}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("override,message", [
     ("--config.num_train_steps=0", "config.num_train_steps=0: must be a positive integer"),
     ("--config.model.num_heads=3",
@@ -75,11 +88,8 @@ def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_valu
 ])
 def test_a_bad_config_value_stops_train_py_with_one_line_naming_the_key(override, message,
                                                                         tmp_path):
-  import subprocess
-  import sys
-  result = subprocess.run([sys.executable, "train.py", "--config=configs/toy.py", override,
-                           f"--workdir={tmp_path / 'run'}"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+  result = run_script("train.py", "--config=configs/toy.py", override,
+                      f"--workdir={tmp_path / 'run'}")
   assert result.returncode != 0
   assert result.stderr.strip().splitlines()[-1] == f"train.py: error: {message}"
   assert not (tmp_path / "run").exists()  # stopped before anything was written

@@ -22,8 +22,9 @@ MULTI30K_SIZES = {
 
 
 @pytest.fixture(scope="module", autouse=True)
-def local_data_dir():
-  """The builders read AIAYN_DATA_DIR; set it even when the fallback path was used."""
+def local_data_dir(shared_data):
+  """The builders read AIAYN_DATA_DIR; set it even when the fallback path was used (and fail,
+  never skip, without the data folder)."""
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("AIAYN_DATA_DIR", DATA_DIR)
     yield DATA_DIR

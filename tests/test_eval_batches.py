@@ -1,11 +1,13 @@
 """Evaluation batches respect the micro-batch budget: a run whose device holds only a
 micro-batch must not run out of memory at its first evaluation."""
 import numpy as np
+import pytest
 
 from aiayn_flax import trainer
 from configs import toy
 
 
+@pytest.mark.slow  # trains two toy steps
 def test_eval_batches_hold_no_more_than_a_micro_batch_and_cover_every_pair(tmp_path, monkeypatch):
   config = toy.get_config()
   config.num_train_steps = config.eval_every_steps = config.checkpoint_every_steps = 2

@@ -10,21 +10,27 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
-def closed_loopback_port() -> int:
-  """A loopback port that nothing listens on: connections to it are refused at once."""
+@pytest.fixture
+def closed_loopback_port():
+  """A loopback port that refuses connections for the whole test: bound by this socket, which
+  never listens, so no other process can take it and start listening meanwhile."""
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+    yield s.getsockname()[1]
 
 
-def test_quickstart_in_a_fresh_clone_offline_ends_with_one_line_that_says_what_to_do(tmp_path):
+@pytest.mark.slow
+def test_quickstart_in_a_fresh_clone_offline_ends_with_one_line_that_says_what_to_do(
+    tmp_path, closed_loopback_port):
   clone = tmp_path / "aiayn_flax"  # no ../shared/data beside it
   subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
   venv = pathlib.Path(sys.prefix)
-  proxy = f"http://127.0.0.1:{closed_loopback_port()}"
+  proxy = f"http://127.0.0.1:{closed_loopback_port}"
   env = {k: v for k, v in os.environ.items()
          if k != "AIAYN_DATA_DIR" and not k.lower().endswith("_proxy")
          and k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}

@@ -1,11 +1,39 @@
-"""The paper's recipe learns a real task: section 5.4's regularisation (dropout 0.1 on every
-sublayer output and on the embeddings, label smoothing 0.1) on Multi30k EN->DE with a real
-SentencePiece vocabulary, at a size that trains in under two minutes on 2 cores."""
-import numpy as np
+"""The model learns: the only tests that bound how well a trained run does. Every other test of a
+trained run compares two ways of producing the same output, so it holds however well the run
+learned on this CPU.
 
-from aiayn_flax import trainer
+Each bound was set from `nice -n 19 python bench/learning_margin.py` (seeds 0-4, which trains
+these same runs and prints each seed's margin); the worst seed is quoted beside each bound.
+"""
+import numpy as np
+import pytest
+
+from aiayn_flax import attention_maps, run_dir, trainer
 from aiayn_flax.data import pipeline, tokenized
 from configs import multi30k
+
+# Worst of seeds 0-4: exact match 0.990, mirrored share 1.00 (2026-11-25, shared 2-core VM).
+TOY_MIN_EXACT_MATCH = 0.95
+TOY_MIN_MIRRORED_SHARE = 0.5
+# Worst of seeds 0-4: 0.676 (2026-11-25, shared 2-core VM).
+MULTI30K_MAX_NLL_RATIO = 0.7
+MIRROR_SOURCE = "4 9 15 6 11 7"
+
+
+def toy_measures(config, workdir: str, summary: dict) -> tuple[float, float]:
+  """(validation exact match, share of output pieces whose cross-attention, summed over layers
+  and heads, peaks on the mirrored source piece) of a trained toy run."""
+  model, params, _ = run_dir.load_model_and_params(workdir, config, 1)
+  maps = attention_maps.attention_maps(model, params, run_dir.load_vocabulary(workdir, config),
+                                       MIRROR_SOURCE, extra_length=config.decode_extra_length)
+  n = len(MIRROR_SOURCE.split())
+  total = sum(w.sum(axis=0) for w in maps.cross)[:n, :n]  # [T, S] without EOS
+  mirrored = float(np.mean(total.argmax(axis=1) == np.arange(n)[::-1]))
+  return summary["valid/exact_match"], mirrored
+
+
+def toy_learning_measures(config, workdir: str) -> tuple[float, float]:
+  return toy_measures(config, workdir, trainer.train_and_evaluate(config, workdir))
 
 
 def small_multi30k_config():
@@ -20,17 +48,38 @@ def small_multi30k_config():
   return config
 
 
-def test_paper_regularisation_learns_multi30k_well_beyond_a_unigram_model(shared_data, tmp_path):
-  config = small_multi30k_config()
-  assert (config.model.dropout_rate, config.label_smoothing) == (0.1, 0.1)
-  summary = trainer.train_and_evaluate(config, str(tmp_path))
-  # The baseline a model that learned nothing but word frequencies reaches: the training
-  # targets' unigram distribution (add-one smoothed), scored on the validation targets: 5.24
-  # nats per token; the model reached 3.54 (0.68 of it) when this test was written.
-  vocab = pipeline.vocabulary_for(config, str(tmp_path))
+def multi30k_nll_ratio(config, workdir: str, summary: dict | None = None) -> float:
+  """Validation NLL over that of a model that learned nothing but word frequencies: the
+  training targets' unigram distribution (add-one smoothed), scored on the validation targets."""
+  summary = summary or trainer.train_and_evaluate(config, workdir)
+  vocab = pipeline.vocabulary_for(config, workdir)
   train = tokenized.split_ids(config, vocab, config.dataset.train_split)
   valid = tokenized.split_ids(config, vocab, config.dataset.eval_split)
   counts = np.bincount(np.asarray(train.targets.flat), minlength=config.model.vocab_size) + 1
   unigram_nll = -np.mean(np.log(counts / counts.sum())[np.asarray(valid.targets.flat)])
-  assert summary["valid/nll"] < 0.7 * unigram_nll, (summary["valid/nll"], unigram_nll)
+  return summary["valid/nll"] / unigram_nll
+
+
+@pytest.mark.slow
+def test_toy_task_is_learned(toy_run):
+  config, workdir, summary = toy_run
+  exact, _ = toy_measures(config, workdir, summary)
+  assert exact >= TOY_MIN_EXACT_MATCH
+
+
+@pytest.mark.slow
+def test_the_toy_model_attends_to_the_mirrored_source(toy_run):
+  # Predicting output piece i of a reversal needs source piece n-1-i (the paper's figures 3-5
+  # show such alignments in real attention maps).
+  _, mirrored = toy_measures(*toy_run)
+  assert mirrored >= TOY_MIN_MIRRORED_SHARE
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # about two minutes alone; 2-3 times that beside another worker
+def test_paper_regularisation_learns_multi30k_well_beyond_a_unigram_model(shared_data, tmp_path):
+  config = small_multi30k_config()
+  assert (config.model.dropout_rate, config.label_smoothing) == (0.1, 0.1)  # section 5.4
+  summary = trainer.train_and_evaluate(config, str(tmp_path))
+  assert multi30k_nll_ratio(config, str(tmp_path), summary) < MULTI30K_MAX_NLL_RATIO
   assert np.isfinite(summary["loss"]) and summary["loss"] > summary["nll"]  # smoothing's cost

@@ -2,7 +2,6 @@
 import collections
 import json
 import math
-import os
 import pathlib
 import re
 import subprocess
@@ -15,45 +14,52 @@ from sacremoses import MosesTokenizer
 from aiayn_flax import scoring
 from aiayn_flax.data.text_files import read_lines
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-DATA_DIR = pathlib.Path(os.environ.get("AIAYN_DATA_DIR", REPO_ROOT.parent / "shared" / "data"))
-WMT14 = DATA_DIR / "wmt14"
-TFNMT = WMT14 / "systems" / "tfnmt_newstest2013_deen"
-OPUSMT_OUTPUT = WMT14 / "systems" / "opusmt_newstest2014_ende" / "newstest2014.eng-deu.output"
-NEWSTEST2014_DE = WMT14 / "newstest2014.de"
 
-pytestmark = pytest.mark.skipif(
-    not WMT14.is_dir(), reason=f"shared data folder not found at {DATA_DIR} (set AIAYN_DATA_DIR)")
+@pytest.fixture(scope="module")
+def tfnmt(shared_data) -> pathlib.Path:
+  return shared_data / "wmt14" / "systems" / "tfnmt_newstest2013_deen"
+
+
+@pytest.fixture(scope="module")
+def opusmt_output(shared_data) -> pathlib.Path:
+  return (shared_data / "wmt14" / "systems" / "opusmt_newstest2014_ende" /
+          "newstest2014.eng-deu.output")
+
+
+@pytest.fixture(scope="module")
+def newstest2014_de(shared_data) -> pathlib.Path:
+  return shared_data / "wmt14" / "newstest2014.de"
+
 
 # tensorflow/nmt's evaluation_utils_test.py asserts this for deen_output against the reference.
 TFNMT_BLEU = 22.5855084573
 
 
-def tfnmt_hypothesis_tokens():
+def tfnmt_hypothesis_tokens(tfnmt):
   # tensorflow/nmt: line.strip().split(" "), so each of the 3 empty lines is one "" token.
-  return [line.strip().split(" ") for line in read_lines(str(TFNMT / "deen_output"))]
+  return [line.strip().split(" ") for line in read_lines(str(tfnmt / "deen_output"))]
 
 
-def test_tokenized_bleu_matches_tensorflow_nmt_on_bpe_reference():
+def test_tokenized_bleu_matches_tensorflow_nmt_on_bpe_reference(tfnmt):
   references = [re.sub("@@ ", "", line.strip()).split(" ")
-                for line in read_lines(str(TFNMT / "deen_ref_bpe"))]
-  result = scoring.tokenized_bleu(tfnmt_hypothesis_tokens(), references)
+                for line in read_lines(str(tfnmt / "deen_ref_bpe"))]
+  result = scoring.tokenized_bleu(tfnmt_hypothesis_tokens(tfnmt), references)
   assert result["score"] == pytest.approx(TFNMT_BLEU, abs=1e-6)
   assert (result["hyp_len"], result["ref_len"]) == (63214, 64807)
 
 
-def test_tokenized_bleu_matches_tensorflow_nmt_on_sentencepiece_reference():
+def test_tokenized_bleu_matches_tensorflow_nmt_on_sentencepiece_reference(tfnmt):
   # tensorflow/nmt's spm cleaning: join the pieces, then "▁" marks the spaces.
   references = ["".join(line.split()).replace("\u2581", " ").lstrip().split(" ")
-                for line in read_lines(str(TFNMT / "deen_ref_spm"))]
-  result = scoring.tokenized_bleu(tfnmt_hypothesis_tokens(), references)
+                for line in read_lines(str(tfnmt / "deen_ref_spm"))]
+  result = scoring.tokenized_bleu(tfnmt_hypothesis_tokens(tfnmt), references)
   assert result["score"] == pytest.approx(TFNMT_BLEU, abs=1e-6)
   assert result["hyp_len"] == 63214
 
 
-def test_whitespace_split_drops_empty_tokens_like_sacrebleu_tokenize_none():
-  hypotheses = read_lines(str(TFNMT / "deen_output"))
-  references = [re.sub("@@ ", "", line) for line in read_lines(str(TFNMT / "deen_ref_bpe"))]
+def test_whitespace_split_drops_empty_tokens_like_sacrebleu_tokenize_none(tfnmt):
+  hypotheses = read_lines(str(tfnmt / "deen_output"))
+  references = [re.sub("@@ ", "", line) for line in read_lines(str(tfnmt / "deen_ref_bpe"))]
   result = scoring.tokenized_bleu([h.split() for h in hypotheses],
                                   [r.split() for r in references])
   assert result["score"] == pytest.approx(22.584677521, abs=1e-6)
@@ -91,8 +97,8 @@ def test_split_compounds_follows_tensor2tensor(text, expected):
 
 
 @pytest.fixture(scope="module")
-def opusmt_scores():
-  return scoring.score_files(str(OPUSMT_OUTPUT), str(NEWSTEST2014_DE), "de")
+def opusmt_scores(opusmt_output, newstest2014_de):
+  return scoring.score_files(str(opusmt_output), str(newstest2014_de), "de")
 
 
 def test_opusmt_sacrebleu_matches_its_published_score(opusmt_scores):
@@ -108,10 +114,12 @@ def test_opusmt_sacrebleu_matches_its_published_score(opusmt_scores):
   assert "nc:6" in opusmt_scores["chrf_signature"]
 
 
-def test_opusmt_sacrebleu_equals_the_sacrebleu_command_line(opusmt_scores):
+@pytest.mark.slow
+def test_opusmt_sacrebleu_equals_the_sacrebleu_command_line(opusmt_scores, opusmt_output,
+                                                           newstest2014_de):
   command = pathlib.Path(sys.executable).parent / "sacrebleu"
   output = subprocess.run(
-      [str(command), str(NEWSTEST2014_DE), "-i", str(OPUSMT_OUTPUT), "-m", "bleu", "-b", "-w", "5"],
+      [str(command), str(newstest2014_de), "-i", str(opusmt_output), "-m", "bleu", "-b", "-w", "5"],
       check=True, capture_output=True, text=True).stdout
   assert output.strip() == f"{opusmt_scores['sacrebleu']:.5f}"
 
@@ -147,18 +155,20 @@ def multi_bleu(hypotheses: list[list[str]], references: list[list[str]]) -> floa
   return 100 * brevity * math.exp(sum(math.log(m / t) for m, t in zip(matches, totals)) / 4)
 
 
-def test_paper_protocol_equals_an_independent_multi_bleu(opusmt_scores):
+def test_paper_protocol_equals_an_independent_multi_bleu(opusmt_scores, opusmt_output,
+                                                        newstest2014_de):
   tokenizer = MosesTokenizer(lang="de")
 
   def paper_tokens(path):  # tokenizer.perl -l de, then get_ende_bleu.sh's compound splitting
     return [re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", tokenizer.tokenize(line, return_str=True),
                    flags=re.ASCII).split() for line in read_lines(str(path))]
 
-  expected = multi_bleu(paper_tokens(OPUSMT_OUTPUT), paper_tokens(NEWSTEST2014_DE))
+  expected = multi_bleu(paper_tokens(opusmt_output), paper_tokens(newstest2014_de))
   assert opusmt_scores["tokenized_bleu"] == pytest.approx(expected, abs=1e-9)
 
 
-def test_moses_escaping_does_not_change_paper_bleu(opusmt_scores):
+def test_moses_escaping_does_not_change_paper_bleu(opusmt_scores, opusmt_output,
+                                                  newstest2014_de):
   # Why escape=True is safe to mirror tokenizer.perl: the same score without escaping.
   tokenizer = MosesTokenizer(lang="de")
 
@@ -168,7 +178,7 @@ def test_moses_escaping_does_not_change_paper_bleu(opusmt_scores):
         for line in read_lines(str(path))]
 
   result = scoring.tokenized_bleu(
-      unescaped_tokens(OPUSMT_OUTPUT), unescaped_tokens(NEWSTEST2014_DE))
+      unescaped_tokens(opusmt_output), unescaped_tokens(newstest2014_de))
   assert result["score"] == opusmt_scores["tokenized_bleu"]
   assert "&quot;" in scoring.moses_tokenize('"Ja"', "de")
 
@@ -181,8 +191,8 @@ def test_scores_are_json_serialisable_and_readable(opusmt_scores):
   assert "tokenized BLEU (paper protocol) = 28.18" in text and "##AT##" in text
 
 
-def test_reference_scored_against_itself_is_100():
-  reference = read_lines(str(NEWSTEST2014_DE))
+def test_reference_scored_against_itself_is_100(newstest2014_de):
+  reference = read_lines(str(newstest2014_de))
   scores = scoring.score_translations(reference, reference, "de")
   assert scores["sacrebleu"] == pytest.approx(100.0)
   assert scores["sacrebleu_details"]["ref_len"] == 62688
@@ -190,22 +200,19 @@ def test_reference_scored_against_itself_is_100():
   assert scores["chrf"] == pytest.approx(100.0)
 
 
-def test_score_files_names_both_files_and_counts_on_length_mismatch(tmp_path):
+def test_score_files_names_both_files_and_counts_on_length_mismatch(tmp_path, newstest2014_de):
   short_output = tmp_path / "short.de"
   short_output.write_text("Gutach: Noch mehr Sicherheit für Fußgänger\nZweite Zeile\n", "utf-8")
   with pytest.raises(ValueError) as error:
-    scoring.score_files(str(short_output), str(NEWSTEST2014_DE), "de")
+    scoring.score_files(str(short_output), str(newstest2014_de), "de")
   message = str(error.value)
-  assert str(short_output) in message and str(NEWSTEST2014_DE) in message
+  assert str(short_output) in message and str(newstest2014_de) in message
   assert "2 lines" in message and "3003 lines" in message
 
 
 def test_score_translations_names_both_counts_on_length_mismatch():
   with pytest.raises(ValueError, match=r"2 hypotheses but 3 references"):
     scoring.score_translations(["a", "b"], ["a", "b", "c"], "de")
-
-
-MULTI30K = DATA_DIR / "multi30k"
 
 
 @pytest.mark.parametrize("stem, lang, published_sha256", [
@@ -215,10 +222,11 @@ MULTI30K = DATA_DIR / "multi30k"
     ("test_2017_flickr", "de", "02067e4a9402786a4fcb8c1b6f4307e4a5073ced64800abead5273b54f5f31f6"),
 ])
 def test_multi30k_tokenization_reproduces_the_published_tokenized_files(stem, lang,
-                                                                        published_sha256):
+                                                                        published_sha256,
+                                                                        shared_data):
   import gzip
   import hashlib
-  with gzip.open(MULTI30K / f"{stem}.{lang}.gz", "rt", encoding="utf-8") as f:
+  with gzip.open(shared_data / "multi30k" / f"{stem}.{lang}.gz", "rt", encoding="utf-8") as f:
     raw = f.read().splitlines()
   tokenized = "".join(scoring.multi30k_tokenize(line, lang) + "\n" for line in raw)
   assert hashlib.sha256(tokenized.encode("utf-8")).hexdigest() == published_sha256

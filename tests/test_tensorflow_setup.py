@@ -9,25 +9,23 @@ TensorFlow documents for exactly this."""
 import ast
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_script
 
 ENTRY_POINTS = ["train.py", "evaluate.py", "translate.py", "visualize_attention.py"]
 SETUP = "keep_tensorflow_off_accelerators"
 
 
+@pytest.mark.slow
 def test_tensorflow_sees_only_the_cpu_and_still_works():
   script = (f"from aiayn_flax.tensorflow_setup import {SETUP}\n"
             f"{SETUP}(); {SETUP}()\n"
             "import tensorflow as tf\n"
             "print(sorted({d.device_type for d in tf.config.get_visible_devices()}))\n"
             "print([int(x) for x in tf.data.Dataset.range(3).as_numpy_iterator()])\n")
-  result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+  result = run_script("-c", script)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.splitlines() == ["['CPU']", "[0, 1, 2]"]
 

@@ -22,7 +22,7 @@ def multi30k_lines(stem: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def train_lines() -> list[str]:
+def train_lines(shared_data) -> list[str]:
   return multi30k_lines("train")
 
 

@@ -1,0 +1,136 @@
+"""The PyTorch peer of bench/train_speed.py: the same model trained on the same batches, timed
+in a process of its own, on request.
+
+  bench/train_speed.py starts it and talks to it; by hand (one JSON request a line on stdin,
+  one JSON answer a line on stdout):
+  echo '{"model": {"vocab_size": 8000, "d_model": 128, "d_ff": 512, "num_heads": 4,
+         "num_layers": 4, "dropout_rate": 0.1}, "label_smoothing": 0.1, "rows": 91,
+         "length": 32, "steps": 5}' | .bench_venv/bin/python bench/torch_peer.py
+
+A request names the model's shape and the batch shape (train_speed.py copies both from our
+config, so the two sides cannot drift apart); the first request for a shape builds the model and
+runs two warm-up steps, later ones reuse it. The answer gives the parameter count and the
+seconds per training step over `steps` steps.
+
+The model is the paper's, written with torch.nn's layers: post-LN encoder and decoder layers
+(ReLU, dropout on every sublayer output and on the embeddings only), no final LayerNorm (as ours with post-LN), one
+embedding for source, target and the pre-softmax projection, scaled by sqrt(d_model), sinusoidal
+positions, label-smoothed cross-entropy over real target tokens, Adam (0.9, 0.98, 1e-9). Batches
+come from bench/synthetic_batches.py, the module our side uses. float32 on the CPU.
+
+torch is not a dependency of the project: install the CPU build into a venv of its own,
+`python3.11 -m venv .bench_venv && .bench_venv/bin/pip install torch==2.13.0 numpy` with the
+CPU wheel (PyTorch's CPU index; PyPI's Linux wheel pulls the CUDA libraries); pyproject's `bench`
+extra names the version.
+"""
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from synthetic_batches import synthetic_batches  # noqa: E402
+
+PAD_ID, BOS_ID = 0, 3  # aiayn_flax.data.vocabulary's special ids
+
+
+def sinusoids(length: int, d_model: int) -> torch.Tensor:
+  """Section 3.5's positional encodings, [length, d_model]."""
+  position = torch.arange(length, dtype=torch.float32)[:, None]
+  inverse = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
+  table = torch.zeros(length, d_model)
+  table[:, 0::2], table[:, 1::2] = torch.sin(position * inverse), torch.cos(position * inverse)
+  return table
+
+
+class Transformer(nn.Module):
+  def __init__(self, vocab_size: int, d_model: int, d_ff: int, num_heads: int, num_layers: int,
+               dropout_rate: float):
+    super().__init__()
+    self.d_model = d_model
+    self.embed = nn.Embedding(vocab_size, d_model)
+    nn.init.normal_(self.embed.weight, std=d_model ** -0.5)
+    self.dropout = nn.Dropout(dropout_rate)
+
+    def layers(kind, **kwargs):
+      return kind(d_model, num_heads, d_ff, dropout_rate, batch_first=True, norm_first=False,
+                  **kwargs)
+    self.encoder = nn.TransformerEncoder(layers(nn.TransformerEncoderLayer), num_layers,
+                                         enable_nested_tensor=False)
+    self.decoder = nn.TransformerDecoder(layers(nn.TransformerDecoderLayer), num_layers)
+    # Dropout where the paper (and our model) has it, on sublayer outputs and embeddings only:
+    # torch's layers also drop attention weights and the FFN's hidden units.
+    for layer in [*self.encoder.layers, *self.decoder.layers]:
+      layer.dropout = nn.Identity()  # the FFN's hidden units
+      for attention in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+        if attention is not None:
+          attention.dropout = 0.0
+
+  def embed_with_positions(self, ids: torch.Tensor) -> torch.Tensor:
+    x = self.embed(ids) * math.sqrt(self.d_model)  # section 3.4
+    return self.dropout(x + sinusoids(ids.shape[1], self.d_model))
+
+  def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced logits [B, T, V]."""
+    decoder_inputs = torch.cat([torch.full_like(targets[:, :1], BOS_ID), targets[:, :-1]], 1)
+    decoder_inputs = decoder_inputs.masked_fill(targets == PAD_ID, PAD_ID)
+    source_padding = inputs == PAD_ID
+    memory = self.encoder(self.embed_with_positions(inputs),
+                          src_key_padding_mask=source_padding)
+    length = targets.shape[1]  # True above the diagonal: a later position, masked
+    causal = torch.ones(length, length, dtype=torch.bool).triu(1)
+    y = self.decoder(self.embed_with_positions(decoder_inputs), memory, tgt_mask=causal,
+                     tgt_is_causal=True, tgt_key_padding_mask=decoder_inputs == PAD_ID,
+                     memory_key_padding_mask=source_padding)
+    return y @ self.embed.weight.T  # the pre-softmax projection tied to the embedding
+
+
+class TimedStep:
+  """One model and its optimizer on one batch shape, warmed up once, then timed on request."""
+
+  def __init__(self, request: dict):
+    torch.manual_seed(0)
+    self.model = Transformer(**request["model"])
+    self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98),
+                                      eps=1e-9)
+    self.loss = nn.CrossEntropyLoss(ignore_index=PAD_ID,
+                                    label_smoothing=request["label_smoothing"])
+    self.batches = [(torch.from_numpy(b["inputs"]).long(), torch.from_numpy(b["targets"]).long())
+                    for b in synthetic_batches(request["rows"], request["length"],
+                                               request["model"]["vocab_size"])]
+    self.parameters = sum(p.numel() for p in self.model.parameters())
+    self.seconds_per_step(2)  # warm up
+
+  def step(self, inputs, targets) -> None:
+    self.optimizer.zero_grad(set_to_none=True)
+    logits = self.model(inputs, targets)
+    self.loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+    self.optimizer.step()
+
+  def seconds_per_step(self, steps: int) -> float:
+    start = time.perf_counter()
+    for i in range(steps):
+      self.step(*self.batches[i % len(self.batches)])
+    return (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+  built = {}
+  for line in sys.stdin:
+    request = json.loads(line)
+    key = json.dumps({k: v for k, v in request.items() if k != "steps"}, sort_keys=True)
+    if key not in built:
+      built[key] = TimedStep(request)
+    timed = built[key]
+    seconds = timed.seconds_per_step(request["steps"])
+    print(json.dumps({"parameters": timed.parameters, "seconds_per_step": seconds,
+                      "torch": torch.__version__, "threads": torch.get_num_threads()}),
+          flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -38,7 +38,7 @@ def cluster_env(port: int, num_processes: int, process_id: int, devices: int) ->
           "JAX_NUM_PROCESSES": str(num_processes), "JAX_PROCESS_ID": str(process_id),
           # A collective whose peer died fails after this long instead of hanging the test.
           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
-                       "--xla_cpu_collective_call_terminate_timeout_seconds=120",
+                       "--xla_cpu_collective_call_terminate_timeout_seconds=300",
           "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 

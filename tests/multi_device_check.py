@@ -25,7 +25,7 @@ def run_on(devices, mesh_spec, config, batch, fsdp=False):
   state_sharding = sharding.train_state_shardings(
       mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model), fsdp)
   state = jax.jit(new_state, out_shardings=state_sharding)()
-  batch = jax.device_put(batch, batch_sharding)
+  batch = sharding.put_batch(batch, batch_sharding)
   rng = train_step.dropout_key(0)
   grads_fn = jax.jit(functools.partial(train_step.loss_and_grads, model=model,
                                        label_smoothing=config.label_smoothing),

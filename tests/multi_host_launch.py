@@ -38,7 +38,7 @@ def cluster_env(port: int, num_processes: int, process_id: int, devices: int) ->
           "JAX_NUM_PROCESSES": str(num_processes), "JAX_PROCESS_ID": str(process_id),
           # A collective whose peer died fails after this long instead of hanging the test.
           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
-                       "--xla_cpu_collective_call_terminate_timeout_seconds=120",
+                       "--xla_cpu_collective_call_terminate_timeout_seconds=300",
           "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
@@ -47,7 +47,7 @@ def launch(args: list[str], num_processes: int, devices_per_process: int,
            timeout: float = 600) -> list[subprocess.CompletedProcess]:
   """Runs `python *args` (from the repository root) as processes 0..num_processes-1 of one
   cluster and waits for all of them. `env` is added to every process's environment,
-  `process_env[i]` to process i's only. A timeout kills them all and raises with their
+  `process_env[i]` to process i's only; a variable given as None is removed. A timeout kills them all and raises with their
   output's tails."""
   if num_processes == 1:  # one process alone: no coordinator, as a laptop or one host runs
     base = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
@@ -55,11 +55,16 @@ def launch(args: list[str], num_processes: int, devices_per_process: int,
     for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
       base.pop(name, None)
     return _run_all([[sys.executable, *args]],
-                    [base | (env or {}) | (process_env or {}).get(0, {})], timeout)
+                    [_without_none(base | (env or {}) | (process_env or {}).get(0, {}))], timeout)
   with reserved_port() as port:
-    envs = [dict(os.environ) | cluster_env(port, num_processes, i, devices_per_process)
-            | (env or {}) | (process_env or {}).get(i, {}) for i in range(num_processes)]
+    envs = [_without_none(dict(os.environ) | cluster_env(port, num_processes, i, devices_per_process)
+                          | (env or {}) | (process_env or {}).get(i, {}))
+            for i in range(num_processes)]
     return _run_all([[sys.executable, *args]] * num_processes, envs, timeout)
+
+
+def _without_none(env: dict) -> dict:
+  return {name: value for name, value in env.items() if value is not None}
 
 
 def _run_all(commands, envs, timeout) -> list[subprocess.CompletedProcess]:

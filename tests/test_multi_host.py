@@ -10,7 +10,7 @@ import pytest
 
 from aiayn_flax import checkpoints, train_step
 from configs import toy
-from multi_host_launch import launch
+from multi_host_launch import launch, reserved_port
 
 STEPS = 10
 FLAGS = ["train.py", "--config=configs/toy.py", f"--config.num_train_steps={STEPS}",
@@ -24,6 +24,14 @@ FLAGS = ["train.py", "--config=configs/toy.py", f"--config.num_train_steps={STEP
 # A `model` axis of 8 needs heads and vocabulary divisible by 8.
 MODEL_AXIS_FLAGS = ["--config.mesh=data:1,model:8", "--config.model.num_heads=8",
                     "--config.model.vocab_size=24"]
+
+
+# Joins (or not) as train.py does, then says what it sees.
+JOIN = ["-c", "import jax; from aiayn_flax import sharding; sharding.initialize_distributed(); "
+              "print('joined', jax.distributed.is_initialized(), 'process', jax.process_index(), "
+              "'of', jax.process_count(), 'devices', jax.device_count())"]
+NO_EXPLICIT_COORDINATOR = {"JAX_COORDINATOR_ADDRESS": None, "JAX_NUM_PROCESSES": None,
+                           "JAX_PROCESS_ID": None}
 
 
 def digest_of(result) -> str:
@@ -42,11 +50,10 @@ def final_params(workdir, *flags):
 
 def assert_trains_as_on_one_process(tmp_path, *flags):
   two = launch([*FLAGS, *flags, f"--workdir={tmp_path / 'two'}"], 2, 4)
-  one = launch([*FLAGS, *flags, f"--workdir={tmp_path / 'one'}"], 1, 8)
   for index, result in enumerate(two):
     assert f"process {index} of 2, local devices 4, global devices 8" in result.stderr
   assert digest_of(two[0]) == digest_of(two[1])  # both hosts finished with the same params
-  digest_of(one[0])
+  digest_of(launch([*FLAGS, *flags, f"--workdir={tmp_path / 'one'}"], 1, 8)[0])
   # The same parameters up to the rounding of sums taken in another order.
   worst = max(float(np.max(np.abs(a - b)))
               for a, b in zip(jax.tree.leaves(final_params(tmp_path / "two", *flags)),
@@ -63,3 +70,29 @@ def test_fsdp_across_hosts_trains_to_the_end_as_on_one_process(tmp_path):
 @pytest.mark.slow
 def test_model_axis_spanning_hosts_trains_to_the_end_as_on_one_process(tmp_path):
   assert_trains_as_on_one_process(tmp_path, *MODEL_AXIS_FLAGS)
+
+
+@pytest.mark.slow
+def test_processes_join_through_jax_cluster_detection():
+  """Open MPI's variables (as mpirun sets them), no JAX_* ones: JAX's detector finds the
+  cluster (the coordinator's port given by JAX_COORDINATOR_PORT, held until it is used)."""
+  with reserved_port() as port:
+    results = launch(JOIN, 2, 1, env=NO_EXPLICIT_COORDINATOR | {
+        "JAX_COORDINATOR_PORT": str(port), "OMPI_MCA_orte_hnp_uri": "1.0;tcp://127.0.0.1:1",
+        "OMPI_COMM_WORLD_SIZE": "2"}, process_env={
+            i: {"OMPI_COMM_WORLD_RANK": str(i), "OMPI_COMM_WORLD_LOCAL_RANK": str(i)}
+            for i in range(2)})
+  for index, result in enumerate(results):
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"joined True process {index} of 2 devices 2" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", [
+    {},  # a laptop, one host
+    {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "1",
+     "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}])  # a one-task SLURM job
+def test_one_process_alone_starts_no_coordinator(cluster):
+  [result] = launch(JOIN, 1, 2, env=cluster)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "joined False process 0 of 1 devices 2" in result.stdout

@@ -139,6 +139,13 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one(two_process_run
   assert "BLEU" in first and f"wrote {name}.json and .hyp" in first
   assert "BLEU" not in second and "wrote" not in second
 
+  # translate.py on every worker: the same translations, written once by process 0.
+  results = run_processes(
+      ["translate.py", f"--workdir={workdir}", f"--input={tmp_path / 'test.en'}",
+       f"--output={tmp_path / 'translated.de'}", "--beam_size=1", "--average_last=1"], 2, 4)
+  assert [status for status, _ in results] == [0, 0], results[1][1][-3000:]
+  assert (tmp_path / "translated.de").read_bytes() == (one / f"{name}.hyp").read_bytes()
+
 
 def start_toy(workdir, steps: int) -> subprocess.Popen:
   return subprocess.Popen(

@@ -181,6 +181,7 @@ def test_a_second_trainer_on_a_workdir_in_use_refuses_and_a_killed_runs_lease_do
   first = start_toy(workdir, 100_000)
   try:
     wait_for_line(first, r"step 30/")  # the checkpoint of step 20 is written
+    first.send_signal(signal.SIGSTOP)  # alive, holding its lease, training no further
     second = finished_toy(workdir, 5)  # without the lease: resumes past 5, exits 0 at once
     assert first.poll() is None
     first.kill()  # SIGKILL: no chance to remove its lease
@@ -190,12 +191,14 @@ def test_a_second_trainer_on_a_workdir_in_use_refuses_and_a_killed_runs_lease_do
   assert second.returncode == 1, second.stderr[-3000:]
   lease = json.loads((workdir / "run.lease").read_text())
   assert lease["pid"] == first.pid and lease["host"] == socket.gethostname()
-  assert second.stderr.strip().splitlines()[-1] == (
+  heartbeat = "HEARTBEAT"  # renewed since the refusal, maybe
+  assert re.fullmatch(re.escape(
       f"train.py: error: {workdir} is in use by the run started {lease['started']} on host "
-      f"{lease['host']}, pid {first.pid} (last heartbeat {lease['heartbeat_utc']}); wait for "
-      "it to end or stop it, or train in another --workdir (a killed run's lease "
-      f"({workdir / 'run.lease'}) stops counting once its pid is gone, or after "
-      f"{workdir_lease.STALE_SECONDS} s without a heartbeat from another host)")
+      f"{lease['host']}, pid {first.pid} (last heartbeat {heartbeat}); wait for it to end or "
+      f"stop it, or train in another --workdir (a killed run's lease ({workdir / 'run.lease'}) "
+      f"stops counting once its pid is gone, or after {workdir_lease.STALE_SECONDS} s without "
+      "a heartbeat from another host)").replace(heartbeat, r"[0-9T:+-]+"),
+      second.stderr.strip().splitlines()[-1])
   assert "Traceback" not in second.stderr
 
   # The same command resumes the killed run (its pid is gone), to the parameters of a run that

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -59,9 +60,11 @@ def coordinator_port():
 
 def run_processes(args: list[str], processes: int, devices: int, timeout: float = 600):
   """Runs `python ARGS` as `processes` joined processes of `devices` CPU devices each (one
-  process: not joined); [(exit status, output)] in process order."""
-  with coordinator_port() as port:
-    started = []
+  process: not joined); [(exit status, stderr + stdout, stdout)] in process order. Their
+  output goes to files: a pipe left unread while waiting for another process would fill and
+  stop its writer, and the collectives with it."""
+  with coordinator_port() as port, tempfile.TemporaryDirectory() as folder:
+    started, files = [], []
     for index in range(processes):
       joined = dict(JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
                     JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
@@ -69,15 +72,22 @@ def run_processes(args: list[str], processes: int, devices: int, timeout: float 
                     JAX_PROCESS_ID=str(index)) if processes > 1 else {}
       env = environment(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                         **joined)
-      started.append(subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+      out, err = (pathlib.Path(folder) / f"{index}.{name}" for name in ("out", "err"))
+      files.append((out, err))
+      with out.open("w") as stdout, err.open("w") as stderr:
+        started.append(subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
+                                        stdout=stdout, stderr=stderr))
     try:
-      outputs = [p.communicate(timeout=timeout)[0] for p in started]
-      return [(p.returncode, output) for p, output in zip(started, outputs)]
+      for p in started:
+        p.wait(timeout=timeout)
     finally:
       for p in started:
         p.kill()
+    results = []
+    for p, (out, err) in zip(started, files):
+      stdout = out.read_text(encoding="utf-8")
+      results.append((p.returncode, err.read_text(encoding="utf-8") + stdout, stdout))
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +95,8 @@ def two_process_run(shared_data, tmp_path_factory):
   """A tiny Multi30k run trained by 2 processes x 4 devices: (workdir, [output of each])."""
   workdir = tmp_path_factory.mktemp("two_process_run")
   results = run_processes(["train.py", f"--workdir={workdir}", *TINY_MULTI30K], 2, 4)
-  outputs = [output for _, output in results]
-  assert [status for status, _ in results] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+  outputs = [output for _, output, _ in results]
+  assert [status for status, _, _ in results] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
   return workdir, outputs
 
 
@@ -123,8 +133,8 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one(two_process_run
         ["evaluate.py", f"--workdir={workdir}", f"--src_file={tmp_path / 'test.en'}",
          f"--ref_file={tmp_path / 'test.de'}", "--beam_size=1",
          f"--output_dir={tmp_path / str(processes)}"], processes, devices)
-    assert [status for status, _ in results] == [0] * processes, results[-1][1][-3000:]
-    outputs[processes] = [output for _, output in results]
+    assert [status for status, _, _ in results] == [0] * processes, results[-1][1][-3000:]
+    outputs[processes] = [output for _, output, _ in results]
   name = "test.en.beam1_avg1_step4"
   one, two = tmp_path / "1", tmp_path / "2"
   assert (one / f"{name}.hyp").read_bytes() == (two / f"{name}.hyp").read_bytes()
@@ -139,12 +149,14 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one(two_process_run
   assert "BLEU" in first and f"wrote {name}.json and .hyp" in first
   assert "BLEU" not in second and "wrote" not in second
 
-  # translate.py on every worker: the same translations, written once by process 0.
-  results = run_processes(
-      ["translate.py", f"--workdir={workdir}", f"--input={tmp_path / 'test.en'}",
-       f"--output={tmp_path / 'translated.de'}", "--beam_size=1", "--average_last=1"], 2, 4)
-  assert [status for status, _ in results] == [0, 0], results[1][1][-3000:]
-  assert (tmp_path / "translated.de").read_bytes() == (one / f"{name}.hyp").read_bytes()
+  # translate.py on every worker: the same translations, printed once, by process 0.
+  results = run_processes(["translate.py", f"--workdir={workdir}",
+                           f"--input={tmp_path / 'test.en'}", "--beam_size=1"], 2, 4)
+  assert [status for status, _, _ in results] == [0, 0], results[1][1][-3000:]
+  printed = ["".join(line for line in stdout.splitlines(keepends=True)
+                     if not line.startswith("[Gloo] "))  # gloo's own, on the CPU test bed
+             for _, _, stdout in results]
+  assert printed == [(one / f"{name}.hyp").read_text(), ""]
 
 
 def start_toy(workdir, steps: int) -> subprocess.Popen:

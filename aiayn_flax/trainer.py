@@ -14,10 +14,11 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from aiayn_flax import (checkpoints, config_checks, paths, provenance, scoring, sharding,
-                        train_step, workdir_lease)
+                        train_step)
 from aiayn_flax.data import bucketing, pipeline, prefetch, source_text
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
+from aiayn_flax import workdir_lease  # (apart: keeps merges of the import above simple)
 
 # Config fields that may differ between a run and its resumption: they change neither the
 # model, nor the optimizer, nor the batches it sees.

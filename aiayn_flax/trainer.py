@@ -18,7 +18,7 @@ from aiayn_flax import (checkpoints, config_checks, paths, provenance, scoring, 
 from aiayn_flax.data import bucketing, pipeline, prefetch, source_text
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
-from aiayn_flax import workdir_lease  # (apart: keeps merges of the import above simple)
+from aiayn_flax import workdir_lease
 
 # Config fields that may differ between a run and its resumption: they change neither the
 # model, nor the optimizer, nor the batches it sees.

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -59,9 +60,11 @@ def coordinator_port():
 
 def run_processes(args: list[str], processes: int, devices: int, timeout: float = 600):
   """Runs `python ARGS` as `processes` joined processes of `devices` CPU devices each (one
-  process: not joined); [(exit status, output)] in process order."""
-  with coordinator_port() as port:
-    started = []
+  process: not joined); [(exit status, stderr + stdout, stdout)] in process order. Their
+  output goes to files: a pipe left unread while waiting for another process would fill and
+  stop its writer, and the collectives with it."""
+  with coordinator_port() as port, tempfile.TemporaryDirectory() as folder:
+    started, files = [], []
     for index in range(processes):
       joined = dict(JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
                     JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
@@ -69,15 +72,22 @@ def run_processes(args: list[str], processes: int, devices: int, timeout: float 
                     JAX_PROCESS_ID=str(index)) if processes > 1 else {}
       env = environment(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                         **joined)
-      started.append(subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+      out, err = (pathlib.Path(folder) / f"{index}.{name}" for name in ("out", "err"))
+      files.append((out, err))
+      with out.open("w") as stdout, err.open("w") as stderr:
+        started.append(subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
+                                        stdout=stdout, stderr=stderr))
     try:
-      outputs = [p.communicate(timeout=timeout)[0] for p in started]
-      return [(p.returncode, output) for p, output in zip(started, outputs)]
+      for p in started:
+        p.wait(timeout=timeout)
     finally:
       for p in started:
         p.kill()
+    results = []
+    for p, (out, err) in zip(started, files):
+      stdout = out.read_text(encoding="utf-8")
+      results.append((p.returncode, err.read_text(encoding="utf-8") + stdout, stdout))
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +95,8 @@ def two_process_run(shared_data, tmp_path_factory):
   """A tiny Multi30k run trained by 2 processes x 4 devices: (workdir, [output of each])."""
   workdir = tmp_path_factory.mktemp("two_process_run")
   results = run_processes(["train.py", f"--workdir={workdir}", *TINY_MULTI30K], 2, 4)
-  outputs = [output for _, output in results]
-  assert [status for status, _ in results] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+  outputs = [output for _, output, _ in results]
+  assert [status for status, _, _ in results] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
   return workdir, outputs
 
 
@@ -123,8 +133,8 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one(two_process_run
         ["evaluate.py", f"--workdir={workdir}", f"--src_file={tmp_path / 'test.en'}",
          f"--ref_file={tmp_path / 'test.de'}", "--beam_size=1",
          f"--output_dir={tmp_path / str(processes)}"], processes, devices)
-    assert [status for status, _ in results] == [0] * processes, results[-1][1][-3000:]
-    outputs[processes] = [output for _, output in results]
+    assert [status for status, _, _ in results] == [0] * processes, results[-1][1][-3000:]
+    outputs[processes] = [output for _, output, _ in results]
   name = "test.en.beam1_avg1_step4"
   one, two = tmp_path / "1", tmp_path / "2"
   assert (one / f"{name}.hyp").read_bytes() == (two / f"{name}.hyp").read_bytes()
@@ -138,6 +148,15 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one(two_process_run
   assert "decoded 16/16 sentences on process 1 of 2" in second
   assert "BLEU" in first and f"wrote {name}.json and .hyp" in first
   assert "BLEU" not in second and "wrote" not in second
+
+  # translate.py on every worker: the same translations, printed once, by process 0.
+  results = run_processes(["translate.py", f"--workdir={workdir}",
+                           f"--input={tmp_path / 'test.en'}", "--beam_size=1"], 2, 4)
+  assert [status for status, _, _ in results] == [0, 0], results[1][1][-3000:]
+  printed = ["".join(line for line in stdout.splitlines(keepends=True)
+                     if not line.startswith("[Gloo] "))  # gloo's own, on the CPU test bed
+             for _, _, stdout in results]
+  assert printed == [(one / f"{name}.hyp").read_text(), ""]
 
 
 def start_toy(workdir, steps: int) -> subprocess.Popen:
@@ -174,6 +193,7 @@ def test_a_second_trainer_on_a_workdir_in_use_refuses_and_a_killed_runs_lease_do
   first = start_toy(workdir, 100_000)
   try:
     wait_for_line(first, r"step 30/")  # the checkpoint of step 20 is written
+    first.send_signal(signal.SIGSTOP)  # alive, holding its lease, training no further
     second = finished_toy(workdir, 5)  # without the lease: resumes past 5, exits 0 at once
     assert first.poll() is None
     first.kill()  # SIGKILL: no chance to remove its lease
@@ -183,12 +203,14 @@ def test_a_second_trainer_on_a_workdir_in_use_refuses_and_a_killed_runs_lease_do
   assert second.returncode == 1, second.stderr[-3000:]
   lease = json.loads((workdir / "run.lease").read_text())
   assert lease["pid"] == first.pid and lease["host"] == socket.gethostname()
-  assert second.stderr.strip().splitlines()[-1] == (
+  heartbeat = "HEARTBEAT"  # renewed since the refusal, maybe
+  assert re.fullmatch(re.escape(
       f"train.py: error: {workdir} is in use by the run started {lease['started']} on host "
-      f"{lease['host']}, pid {first.pid} (last heartbeat {lease['heartbeat_utc']}); wait for "
-      "it to end or stop it, or train in another --workdir (a killed run's lease "
-      f"({workdir / 'run.lease'}) stops counting once its pid is gone, or after "
-      f"{workdir_lease.STALE_SECONDS} s without a heartbeat from another host)")
+      f"{lease['host']}, pid {first.pid} (last heartbeat {heartbeat}); wait for it to end or "
+      f"stop it, or train in another --workdir (a killed run's lease ({workdir / 'run.lease'}) "
+      f"stops counting once its pid is gone, or after {workdir_lease.STALE_SECONDS} s without "
+      "a heartbeat from another host)").replace(heartbeat, r"[0-9T:+-]+"),
+      second.stderr.strip().splitlines()[-1])
   assert "Traceback" not in second.stderr
 
   # The same command resumes the killed run (its pid is gone), to the parameters of a run that

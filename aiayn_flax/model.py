@@ -107,18 +107,9 @@ class Dropout(nn.Module):
 
 
 def attention(q, k, v, mask, dropout_rate, deterministic, module):
-  """Scaled dot-product attention (equation 1) with the softmax in float32.
-
-  Through jax.nn.dot_product_attention (the same equation: f32 logits and softmax, masked
-  keys at a large negative number) when nothing needs the probabilities themselves: no
-  attention dropout, nobody collecting them for the paper's figures, and d_v = d_k (its
-  shapes). Written out otherwise."""
+  """Scaled dot-product attention (equation 1) with the softmax in float32."""
   # q: [B, Q, H, K]; k: [B, H, L, K]; v: [B, H, L, V] (heads-major); mask: broadcastable to
   # [B, H, Q, L]
-  needs_weights = ((dropout_rate > 0 and not deterministic)
-                   or module.is_mutable_collection("intermediates"))
-  if not needs_weights and k.shape[-1] == v.shape[-1]:
-    return jax.nn.dot_product_attention(q, _heads_major(k), _heads_major(v), mask=mask)
   q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
   logits = jnp.einsum("bqhk,bhlk->bhql", q, k).astype(jnp.float32)  # [B, H, Q, L]
   logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)

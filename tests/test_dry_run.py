@@ -21,7 +21,6 @@ from aiayn_flax.data import bucketing
 from configs import base, toy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.slow  # compiles, or starts train.py
 
 
 def train_py(*args, prelude: str = "pass"):
@@ -69,6 +68,7 @@ def hand_counted_train_flops(config, rows: int, length: int) -> float:
   return 3 * 2 * (encoder + decoder + logits)
 
 
+@pytest.mark.slow  # compiles, or starts train.py
 def test_dry_run_prints_the_plan_without_training():
   result = train_py("--config=configs/base.py", "--dry_run")
   assert result.returncode == 0, result.stderr[-2000:]
@@ -91,6 +91,7 @@ def test_dry_run_prints_the_plan_without_training():
     # gradient sum over the 4 of `data`
     ("gpu-a100x8", "data:4,model:2", {("all-reduce", 4), ("all-reduce", 2)}),
 ])
+@pytest.mark.slow  # compiles, or starts train.py
 def test_train_step_compiles_for_the_target_with_its_collectives(target, mesh, expected):
   config = small_base_config(mesh)
   result = compiled_plan.compile_run(config, target, include=("train",))
@@ -112,6 +113,7 @@ def test_train_step_compiles_for_the_target_with_its_collectives(target, mesh, e
   assert hand < result["compiled_flops_per_optimizer_step"] < 1.06 * hand
 
 
+@pytest.mark.slow  # compiles, or starts train.py
 def test_accumulation_compiles_the_accumulate_and_apply_programs():
   config = small_base_config("data:8")
   # 2048 real tokens, 2560 padded slots = 8 devices x 160 x 2 micro-batches
@@ -127,6 +129,7 @@ def test_accumulation_compiles_the_accumulate_and_apply_programs():
   assert hand < result["compiled_flops_per_optimizer_step"] < 1.06 * hand
 
 
+@pytest.mark.slow  # compiles, or starts train.py
 def test_every_program_a_run_calls_is_compiled_with_its_shape():
   # The toy run with 4 steps per call, beam search in evaluate.py, BLEU decoding in training.
   result = train_py("--config=configs/toy.py", "--dry_run", "--target=tpu-v5e-1",
@@ -153,6 +156,7 @@ def test_every_program_a_run_calls_is_compiled_with_its_shape():
   assert lines["fits"] == "yes" and lines["target_hosts"] == "1"
 
 
+@pytest.mark.slow  # compiles, or starts train.py
 def test_the_bucket_compiled_is_the_one_that_needs_the_most_memory():
   """Every bucket's train step compiled once: the dry run's choice is the largest."""
   config = toy.get_config()
@@ -169,6 +173,7 @@ def test_the_bucket_compiled_is_the_one_that_needs_the_most_memory():
       == max(memory, key=memory.get), memory
 
 
+@pytest.mark.slow  # compiles, or starts train.py
 @pytest.mark.parametrize("target,hosts,devices_", [("tpu-v4-32", 4, 16), ("tpu-v5e-32", 4, 32)])
 def test_multi_host_tpu_slices_compile(target, hosts, devices_):
   config = toy.get_config()
@@ -185,6 +190,7 @@ def test_multi_host_tpu_slices_compile(target, hosts, devices_):
   assert result["fits"]
 
 
+@pytest.mark.slow  # compiles, or starts train.py
 @pytest.mark.parametrize("target", ["gpu-t4x1", "tpu-v5e-1"])
 def test_a_run_that_cannot_fit_fails_with_one_line(target):
   # A 4M-token vocabulary: 2 GB of f32 embedding, 8 GB with Adam and gradients... on one layer
@@ -201,6 +207,7 @@ def test_a_run_that_cannot_fit_fails_with_one_line(target):
   assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # compiles, or starts train.py
 def test_an_unknown_target_lists_the_known_ones():
   result = train_py("--config=configs/base.py", "--dry_run", "--target=tpu-v9-8")
   assert result.returncode != 0
@@ -211,6 +218,7 @@ def test_an_unknown_target_lists_the_known_ones():
 
 @pytest.mark.parametrize("target,module", [("tpu-v4-8", "libtpu"),
                                            ("gpu-h100x1", "jax_cuda12_plugin")])
+@pytest.mark.slow  # compiles, or starts train.py
 def test_a_target_without_the_aot_packages_says_what_to_install(target, module):
   # sys.modules[name] = None makes `import name` fail as if it were not installed.
   result = train_py("--config=configs/toy.py", "--dry_run", f"--target={target}",
@@ -233,6 +241,7 @@ def test_auto_precision_is_bfloat16_only_where_the_device_has_bf16_units(kind, d
   assert devices.compute_dtype("bfloat16", devices.kind(kind)) == "bfloat16"
 
 
+@pytest.mark.slow  # compiles, or starts train.py
 def test_make_model_resolves_auto_for_the_device_it_builds_for():
   config = base.get_config()
   assert config.model.dtype == "auto"
@@ -248,6 +257,7 @@ def test_make_model_resolves_auto_for_the_device_it_builds_for():
   assert jax.devices()[0].platform == "cpu"  # the targets claimed no device here
 
 
+@pytest.mark.slow  # compiles, or starts train.py
 def test_a_mistyped_config_path_names_the_configs_there_are():
   result = train_py("--config=configs/multi30.py", "--dry_run")
   assert result.returncode == 1

@@ -36,9 +36,10 @@ def test_quickstart_in_a_fresh_clone_offline_ends_with_one_line_that_says_what_t
          and k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
   env.update(https_proxy=proxy, HTTPS_PROXY=proxy, http_proxy=proxy, HTTP_PROXY=proxy,
              TFDS_DATA_DIR=str(tmp_path / "tensorflow_datasets"))  # no dataset prepared before
-  # -o: take the venv as installed (a fresh clone's files are newer than its stamp).
+  # -o: take the venv as installed for the CPU (a fresh clone's files are newer than its stamp).
   result = subprocess.run(
-      ["make", "quickstart", f"VENV={venv}", "-o", f"{venv}/installed"], cwd=clone, env=env,
+      ["make", "quickstart", f"VENV={venv}", "ACCELERATOR=cpu", "-o",
+       f"{venv}/installed-run-cpu"], cwd=clone, env=env,
       capture_output=True, text=True, timeout=300)
   lines = result.stderr.strip().splitlines()
   assert result.returncode == 2, result.stderr[-3000:]  # make's status when a recipe fails

@@ -86,28 +86,6 @@ def test_sinusoidal_positions_follow_the_paper(pos, i):
   np.testing.assert_allclose(table[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / d)), atol=1e-6)
 
 
-@pytest.mark.parametrize("training", [False, True])
-def test_fused_attention_gives_the_written_out_attentions_outputs(training):
-  """jax.nn.dot_product_attention (taken unless something needs the probabilities) against
-  the written-out equation 1, which a model takes when its attention weights are collected
-  (mutable "intermediates"): the same logits on padded sources and causal targets, in
-  inference and in training (dropout elsewhere, none on the attention)."""
-  model = small_model(dropout_rate=0.3)
-  rng = np.random.default_rng(5)
-  inputs = np.array(random_tokens(rng, 3, 9))
-  inputs[0, 5:] = 0  # padded source keys
-  targets = np.array(random_tokens(rng, 3, 7))
-  targets[1, 4:] = 0
-  params = model.init(jax.random.key(0), inputs, targets)["params"]
-  rngs = {"dropout": jax.random.key(1)} if training else {}
-  fused = model.apply({"params": params}, inputs, targets, train=training, rngs=rngs)
-  written_out, collected = model.apply({"params": params}, inputs, targets,
-                                       train=training, rngs=rngs,
-                                       mutable=["intermediates"])
-  assert jax.tree.leaves(collected)  # the written-out path ran: it sowed the weights
-  np.testing.assert_allclose(fused, written_out, atol=2e-5, rtol=0)
-
-
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
 def test_cached_decoding_matches_full_forward(positions):
   model = small_model(positions=positions)

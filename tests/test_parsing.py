@@ -147,3 +147,32 @@ def test_cky_finds_the_parse_nltk_viterbi_parser_finds(sample_splits):
       assert found == nltk.Tree.convert(expected[0])
       parsed += 1
   assert parsed >= 4
+
+
+def test_parsing_task_scores_gold_sequences_at_100_and_outputs_a_tree_per_line(sample_splits):
+  from aiayn_flax import tasks
+  from configs import parsing_sample
+  config = parsing_sample.get_config()
+  task = tasks.for_config(config)
+  sources, references = task.sources_and_references(config, "validation")
+  assert len(sources) == len(references) == 273
+  gold_sequences = [" ".join(linearize.linearize(t)) for t in sample_splits["validation"][1]]
+  assert task.validation_metrics(sources, gold_sequences, references) == {
+      "f1": 100.0, "exact_match": 1.0}
+  outputs = task.outputs(["a ( b ) .", "", "c"], ["(S XX XX XX XX XX )", "(S XX )", ""])
+  assert outputs == ["(TOP (S (XX a) (XX -LRB-) (XX b) (XX -RRB-) (XX .)))", "",
+                     "(TOP (XX c))"]
+
+
+def test_tree_tokens_are_single_vocabulary_pieces(sample_splits, tmp_path):
+  """The vocabulary keeps every tree token whole, so a tree is as many pieces as tokens."""
+  from aiayn_flax import tasks
+  from aiayn_flax.data import pipeline
+  from configs import parsing_sample
+  config = parsing_sample.get_config()
+  vocab = pipeline.vocabulary_for(config, str(tmp_path))
+  for tree in sample_splits["test"][1][:50]:
+    sequence = " ".join(linearize.linearize(tree))
+    assert len(vocab.encode(sequence)) == len(sequence.split())
+    assert vocab.decode(vocab.encode(sequence)) == sequence
+  assert len(tasks.for_config(config).reserved_pieces(config)) == 27  # 25 labels, ")" and XX

@@ -76,6 +76,8 @@ def translate_and_score() -> None:
   from aiayn_flax.translator import Translator
   config = run_dir.load_config(FLAGS.workdir)
   if config.dataset.name in tasks.PARSING_DATASETS:  # trees and EVALB F1 instead of BLEU
+    if FLAGS.testset or FLAGS.src_file or FLAGS.ref_file:
+      raise app.UsageError("a parsing run is scored on a split of its treebank: --split=NAME")
     from aiayn_flax.parsing import evaluation
     evaluation.parse_and_score(
         FLAGS.workdir, config, FLAGS.split or config.dataset.test_split,

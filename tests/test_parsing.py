@@ -124,28 +124,55 @@ def test_repaired_trees_score_as_evalb_expects_against_gold(sample_splits):
   assert cut.valid == len(trees) and cut.f1 < 90
 
 
-def test_cky_finds_the_parse_nltk_viterbi_parser_finds():
-  """The baseline's CKY and nltk's ViterbiParser agree (tree and probability) on a small
-  treebank grammar in the form the baseline uses."""
+def test_cky_finds_the_parse_nltk_viterbi_parser_finds(sample_splits):
+  """The baseline's CKY and nltk's ViterbiParser agree on the most probable parse, with a
+  grammar read off 200 sample trees as the baseline reads it, on the tag sequences of short
+  test sentences."""
   from aiayn_flax.parsing import cky
-  trees = [nltk.Tree.fromstring(s) for s in (
-      "(S (NP DT NN) (VP VBD (NP DT NN)))", "(S (NP DT JJ NN) (VP VBD (PP IN (NP DT NN))))",
-      "(S (NP NN) (VP VBD (NP NN) (PP IN (NP DT NN))))", "(S (NP DT NN) (VP VBD))")]
-  for tree in trees:  # tags as the terminals, as the baseline parses: (DT DT)
-    for position in tree.treepositions("leaves"):
-      tree[position] = nltk.Tree(tree[position], [tree[position]])
-  root = nltk.Nonterminal("ROOT")
-  productions = []
-  for tree in trees:
-    tree.collapse_unary(collapsePOS=True, collapseRoot=True)
-    tree.chomsky_normal_form(horzMarkov=1)
-    productions += [nltk.Production(root, [nltk.Nonterminal(tree.label())])] + tree.productions()
-  grammar = nltk.induce_pcfg(root, productions)
+  from bench import parsing_baselines
+  grammar = parsing_baselines.induce_grammar(sample_splits["train"][1][:200])
   ours, nltks = cky.ViterbiCKY(grammar), nltk.ViterbiParser(grammar)
-  for tags in ("DT NN VBD DT NN", "NN VBD NN IN DT JJ NN", "DT NN VBD IN DT NN", "DT VBD"):
-    expected = next(iter(nltks.parse(tags.split())), None)
-    found = ours.parse(tags.split())
+  nltks.max_time = None
+  known = {p.rhs()[0] for p in grammar.productions() if isinstance(p.rhs()[0], str)}
+  short = [t for t in sample_splits["test"][1]
+           if 4 <= len(t.leaves()) <= 9 and {tag for _, tag in t.pos()} <= known][:8]
+  parsed = 0
+  for tree in short:
+    tags = [tag for _, tag in tree.pos()]
+    expected = next(iter(nltks.parse(tags)), None)
+    found = ours.parse(tags)
     if expected is None:
       assert found is None
     else:
       assert found == nltk.Tree.convert(expected[0])
+      parsed += 1
+  assert parsed >= 4
+
+
+def test_parsing_task_scores_gold_sequences_at_100_and_outputs_a_tree_per_line(sample_splits):
+  from aiayn_flax import tasks
+  from configs import parsing_sample
+  config = parsing_sample.get_config()
+  task = tasks.for_config(config)
+  sources, references = task.sources_and_references(config, "validation")
+  assert len(sources) == len(references) == 273
+  gold_sequences = [" ".join(linearize.linearize(t)) for t in sample_splits["validation"][1]]
+  assert task.validation_metrics(sources, gold_sequences, references) == {
+      "f1": 100.0, "exact_match": 1.0}
+  outputs = task.outputs(["a ( b ) .", "", "c"], ["(S XX XX XX XX XX )", "(S XX )", ""])
+  assert outputs == ["(TOP (S (XX a) (XX -LRB-) (XX b) (XX -RRB-) (XX .)))", "",
+                     "(TOP (XX c))"]
+
+
+def test_tree_tokens_are_single_vocabulary_pieces(sample_splits, tmp_path):
+  """The vocabulary keeps every tree token whole, so a tree is as many pieces as tokens."""
+  from aiayn_flax import tasks
+  from aiayn_flax.data import pipeline
+  from configs import parsing_sample
+  config = parsing_sample.get_config()
+  vocab = pipeline.vocabulary_for(config, str(tmp_path))
+  for tree in sample_splits["test"][1][:50]:
+    sequence = " ".join(linearize.linearize(tree))
+    assert len(vocab.encode(sequence)) == len(sequence.split())
+    assert vocab.decode(vocab.encode(sequence)) == sequence
+  assert len(tasks.for_config(config).reserved_pieces(config)) == 27  # 25 labels, ")" and XX

@@ -8,7 +8,7 @@ import ml_collections
 import pytest
 
 from aiayn_flax import trainer
-from aiayn_flax.parsing import baselines, evalb, linearize, sentences
+from aiayn_flax.parsing import baselines, evalb, sentences
 from configs import parsing_sample
 from conftest import REPO
 
@@ -22,7 +22,7 @@ def tiny_config(**overrides):
                       dropout_rate=0.0)
   config.dataset.max_length = 96
   config.dataset.update(bucket_min_length=32, bucket_growth=1.5)
-  config.update(warmup_steps=100, learning_rate_scale=1.0, tokens_per_batch=1500,
+  config.update(warmup_steps=200, learning_rate_scale=0.25, tokens_per_batch=1500,
                 log_every_steps=50, checkpoint_every_steps=1000, keep_checkpoints=1,
                 average_last_checkpoints=1, decode_batch_size=100, beam_size=1,
                 decode_extra_length=60)
@@ -30,28 +30,41 @@ def tiny_config(**overrides):
   return config
 
 
-def right_branching_f1(split: str, count: int) -> float:
-  train = sentences.split_trees(SAMPLE, "train")
-  gold = sentences.split_trees(SAMPLE, split)[:count]
-  labels = baselines.right_edge_labels(train)
-  return evalb.score_trees(
-      gold,
-      [baselines.right_branching(t.pos(), *labels) for t in gold]).all.f1
+SHORT = 40  # pieces: training pairs longer than this on either side are skipped
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
-def test_short_training_on_the_sample_parses_training_sentences_better_than_right_branching(
+def test_short_training_on_the_sample_parses_its_training_sentences_better_than_right_branching(
     seed, shared_data, tmp_path):
-  """400 steps of a tiny model; F1 on 100 training sentences (the trainer's validation, pointed
-  at the training split), greedy decoding. Right-branching scores about 20 on them (measured
-  margins in docs/PARSING.md)."""
-  config = tiny_config(seed=seed, num_train_steps=400, eval_every_steps=400,
-                       eval_bleu_sentences=100)
-  config.dataset.eval_split = "train"
-  summary = trainer.train_and_evaluate(config, str(tmp_path / "run"))
-  baseline = right_branching_f1("train", 100)
-  assert summary["valid/f1"] > baseline + 15, (summary["valid/f1"], baseline)
+  """A tiny model trained for 600 steps on the sample's short training pairs (at most 40
+  pieces a side, about 15 words) parses those sentences, greedily, better than the
+  right-branching tree: seed 0 measured 41.6 F1 against 29.0 (docs/PARSING.md)."""
+  config = tiny_config(seed=seed, num_train_steps=600, eval_every_steps=600,
+                       eval_bleu_sentences=0)
+  config.dataset.max_length = SHORT
+  config.dataset.update(bucket_min_length=16, bucket_growth=1.6)
+  workdir = str(tmp_path / "run")
+  trainer.train_and_evaluate(config, workdir)
+
+  from aiayn_flax import run_dir, tasks
+  from aiayn_flax.translator import Translator
+  task = tasks.for_config(config)
+  model, params, _ = run_dir.load_model_and_params(workdir, config)
+  vocab = run_dir.load_vocabulary(workdir, config)
+  sources, references = task.sources_and_references(config, "train")
+  targets = sentences.text_pairs(SAMPLE, "train")[1]
+  short = [i for i, (s, t) in enumerate(zip(sources, targets))
+           if max(len(vocab.encode(s)), len(vocab.encode(t))) < SHORT][:200]
+  sources, references = [sources[i] for i in short], [references[i] for i in short]
+  decoded = Translator(model, params, vocab, beam_size=1, extra_length=60,
+                       batch_size=100).translate(sources)
+  f1 = task.validation_metrics(sources, decoded, references)["f1"]
+
+  gold = [sentences.split_trees(SAMPLE, "train")[i] for i in short]
+  labels = baselines.right_edge_labels(sentences.split_trees(SAMPLE, "train"))
+  right = evalb.score_trees(gold, [baselines.right_branching(t.pos(), *labels) for t in gold])
+  assert f1 > right.all.f1 + 6, (f1, right.all.f1)
 
 
 def run(script, *args, stdin=None):

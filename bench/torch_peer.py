@@ -13,10 +13,11 @@ runs two warm-up steps, later ones reuse it. The answer gives the parameter coun
 seconds per training step over `steps` steps.
 
 The model is the paper's, written with torch.nn's layers: post-LN encoder and decoder layers
-(ReLU, dropout on every sublayer output and on the embeddings only), no final LayerNorm (as ours with post-LN), one
-embedding for source, target and the pre-softmax projection, scaled by sqrt(d_model), sinusoidal
-positions, label-smoothed cross-entropy over real target tokens, Adam (0.9, 0.98, 1e-9). Batches
-come from bench/synthetic_batches.py, the module our side uses. float32 on the CPU.
+(ReLU, dropout on every sublayer output and on the embeddings only), no final LayerNorm (as
+ours with post-LN), one embedding for source, target and the pre-softmax projection, scaled by
+sqrt(d_model), sinusoidal positions, label-smoothed cross-entropy over real target tokens, Adam
+(0.9, 0.98, 1e-9). Batches come from bench/synthetic_batches.py, the module our side uses.
+float32 on the CPU.
 
 torch is not a dependency of the project: install the CPU build into a venv of its own,
 `python3.11 -m venv .bench_venv && .bench_venv/bin/pip install torch==2.13.0 numpy` with the

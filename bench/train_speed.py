@@ -62,6 +62,9 @@ flags.DEFINE_integer("steps_per_call", 0, "Our steps per compiled call for the p
                      "(train_step.train_steps); 0: the config's.")
 flags.DEFINE_string("torch_python", os.path.join(".bench_venv", "bin", "python"),
                     "Python with torch (bench/torch_peer.py says how to install it).")
+flags.DEFINE_integer("torch_threads", 0, "The peer's intra-op threads (0: torch's default, one "
+                     "per core). On a machine shared with other jobs, torch's OpenMP threads wait "
+                     "for each other at every op, and 1 can be faster than 2.")
 FLAGS = flags.FLAGS
 
 PEER = os.path.join(REPO, "bench", "torch_peer.py")
@@ -183,8 +186,10 @@ class Peer:
     if not os.path.exists(python):
       raise app.UsageError(f"--torch_python={python}: no such interpreter; install torch as "
                            "bench/torch_peer.py says")
+    threads = {"OMP_NUM_THREADS": str(FLAGS.torch_threads)} if FLAGS.torch_threads else {}
     self.process = subprocess.Popen([python, PEER], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)
+                                    stdout=subprocess.PIPE, text=True,
+                                    env={**os.environ, **threads})
 
   def seconds_per_step(self, config, rows: int, length: int, steps: int) -> float:
     m = config.model
@@ -198,7 +203,9 @@ class Peer:
     answer = self.process.stdout.readline()
     if not answer:
       raise RuntimeError(f"{PEER} exited with status {self.process.wait()}")
-    return json.loads(answer)["seconds_per_step"]
+    answer = json.loads(answer)
+    self.threads = answer["threads"]
+    return answer["seconds_per_step"]
 
   def close(self) -> None:
     self.process.stdin.close()
@@ -219,7 +226,8 @@ def compare_with_peer(size: str, peak: float, peer: Peer) -> None:
   peer_s = statistics.median(p for _, p in pairs)
   mfu = ours.flops_per_step() / ours_s / 1e9 / statistics.median(peaks)
   print(f"{size} ({config.name}, {batch}x{length}, {ours.steps_per_call} step(s) per call): "
-        f"ours {tokens / ours_s:.0f} tokens/s, torch {tokens / peer_s:.0f} tokens/s, ours/torch "
+        f"ours {tokens / ours_s:.0f} tokens/s, torch ({peer.threads} threads) "
+        f"{tokens / peer_s:.0f} tokens/s, ours/torch "
         f"{statistics.median(p / o for o, p in pairs):.2f} (median of {len(pairs)} pairs; "
         f"per pair {' '.join(f'{p / o:.2f}' for o, p in pairs)}), our MFU {mfu:.2f}", flush=True)
 

@@ -23,13 +23,14 @@ def toy_config(steps: int):
   return config
 
 
-def truncate_array_files(workdir, step: int) -> None:
-  """Cuts every data file of a finished checkpoint's train state to half its size.
+def truncate_array_files(workdir, step: int, under: str = "") -> None:
+  """Cuts every data file of a finished checkpoint's train state (or of its folder `under`) to
+  half its size.
 
   Every file, not only the largest: which arrays share a file varies from run to run, and the
   parameters alone (all that evaluation reads) must be unreadable too.
   """
-  state = os.path.join(checkpoints.checkpoint_dir(workdir), str(step), "state")
+  state = os.path.join(checkpoints.checkpoint_dir(workdir), str(step), "state", under)
   data_files = [os.path.join(root, name) for root, _, names in os.walk(state)
                 if os.path.basename(root) == "d" for name in names]
   assert data_files, f"no array data files under {state}"
@@ -81,25 +82,29 @@ def test_evaluation_averages_the_newest_readable_checkpoints(uninterrupted_40, t
 
 @pytest.mark.slow
 def test_hosts_agree_on_the_checkpoint_to_resume_from_and_retry_a_failed_read(tmp_path):
-  """Two processes (multi_host_launch): the newest checkpoint is damaged, and reading the one
-  before fails once on process 1 (a transient storage error): both resume from that one, the
-  damaged one is set aside once, and the run ends as the uninterrupted one did."""
+  """Two processes (multi_host_launch), parameters split over both (FSDP): the newest
+  checkpoint's shards written by process 1 are damaged, so that process 1 alone cannot read it,
+  and reading the one before fails once on process 1 (a transient storage error). Both resume
+  from that one, the damaged one is set aside once, and the run ends as the uninterrupted one."""
   flags = ["train.py", "--config=configs/toy.py", "--config.num_train_steps=30",
-           "--config.checkpoint_every_steps=10", "--config.keep_checkpoints=5",
-           "--config.log_every_steps=10", "--config.eval_every_steps=1000",
-           "--config.dataset.toy_eval_examples=10", "--config.model.dropout_rate=0.1",
-           "--config.label_smoothing=0.1", "--config.checkpoint_asynchronously=false"]
+           "--config.fsdp=True", "--config.checkpoint_every_steps=10",
+           "--config.keep_checkpoints=5", "--config.log_every_steps=10",
+           "--config.eval_every_steps=1000", "--config.dataset.toy_eval_examples=10",
+           "--config.model.dropout_rate=0.1", "--config.label_smoothing=0.1",
+           "--config.checkpoint_asynchronously=false"]
   straight = launch([*flags, f"--workdir={tmp_path / 'straight'}"], 2, 4)
   expected = [digest_of(result) for result in straight]
   workdir = tmp_path / "resumed"
   shutil.copytree(tmp_path / "straight", workdir)
-  truncate_array_files(str(workdir), 30)
+  truncate_array_files(str(workdir), 30, under="ocdbt.process_1")
 
   resumed = launch([*flags, f"--workdir={workdir}"], 2, 4, process_env={
       1: {checkpoints.TEST_READ_ERROR_VARIABLE: "20"}})
   assert [digest_of(result) for result in resumed] == expected
+  damaged = f"{checkpoints.checkpoint_dir(str(workdir))}/30 cannot be read ("
+  assert damaged + "read here, but not on another process)" in resumed[0].stderr
+  assert damaged in resumed[1].stderr
   for result in resumed:
-    assert f"{checkpoints.checkpoint_dir(str(workdir))}/30 cannot be read (" in result.stderr
     assert "Resumed from step 20 of" in result.stderr
   assert re.search(r"reading checkpoint \S+/20 failed \(OSError: injected read error",
                    resumed[1].stderr)

@@ -2,8 +2,6 @@
 import contextlib
 import hashlib
 import json
-import os
-import signal
 import time
 
 import jax

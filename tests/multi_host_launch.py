@@ -47,8 +47,8 @@ def launch(args: list[str], num_processes: int, devices_per_process: int,
            timeout: float = 600) -> list[subprocess.CompletedProcess]:
   """Runs `python *args` (from the repository root) as processes 0..num_processes-1 of one
   cluster and waits for all of them. `env` is added to every process's environment,
-  `process_env[i]` to process i's only; a variable given as None is removed. A timeout kills them all and raises with their
-  output's tails."""
+  `process_env[i]` to process i's only; a variable given as None is removed. A timeout kills
+  them all and raises with their output's tails."""
   if num_processes == 1:  # one process alone: no coordinator, as a laptop or one host runs
     base = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
                 XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
@@ -57,7 +57,8 @@ def launch(args: list[str], num_processes: int, devices_per_process: int,
     return _run_all([[sys.executable, *args]],
                     [_without_none(base | (env or {}) | (process_env or {}).get(0, {}))], timeout)
   with reserved_port() as port:
-    envs = [_without_none(dict(os.environ) | cluster_env(port, num_processes, i, devices_per_process)
+    envs = [_without_none(dict(os.environ)
+                          | cluster_env(port, num_processes, i, devices_per_process)
                           | (env or {}) | (process_env or {}).get(i, {}))
             for i in range(num_processes)]
     return _run_all([[sys.executable, *args]] * num_processes, envs, timeout)

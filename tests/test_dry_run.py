@@ -157,19 +157,25 @@ def test_every_program_a_run_calls_is_compiled_with_its_shape():
 
 
 @pytest.mark.slow  # compiles, or starts train.py
+@pytest.mark.xfail(strict=True, reason="known bug: on TPU the shortest bucket needs the most "
+                   "memory here (413 MB at 8 tokens against 198 MB at 64: its [rows, heads, 8, 8] "
+                   "attention tensors pad their last dimension to 128 lanes), which "
+                   "largest_memory_bucket's estimate does not model; it picks the longest")
 def test_the_bucket_compiled_is_the_one_that_needs_the_most_memory():
   """Every bucket's train step compiled once: the dry run's choice is the largest."""
+  # One device holds the whole budget of 5120 slots in every bucket; 8 heads over a small
+  # vocabulary: attention, which grows with the length, outweighs the logits.
   config = toy.get_config()
-  config.model.update(vocab_size=1000, d_model=64, d_ff=256, num_heads=4, num_layers=1)
-  config.dataset.update(max_length=64, bucket_min_length=8, bucket_growth=1.6)
-  config.tokens_per_batch, config.mesh = 1000, "data:8"
+  config.model.update(vocab_size=100, d_model=128, d_ff=512, num_heads=8, num_layers=2)
+  config.dataset.update(max_length=128, bucket_min_length=8, bucket_growth=2.0)
+  config.tokens_per_batch, config.mesh = 4096, "data:1"
   boundaries = bucketing.boundaries_for(config.dataset)
-  assert len(boundaries) >= 4, boundaries
-  memory = {length: compiled_plan.compile_run(config, "tpu-v5e-8", include=("train",),
+  assert boundaries == [8, 16, 32, 64, 128]
+  memory = {length: compiled_plan.compile_run(config, "tpu-v5e-1", include=("train",),
                                               length=length)["largest"].memory_bytes
             for length in boundaries}
   model = train_step.make_model(config)
-  assert compiled_plan.largest_memory_bucket(config, model.config, config.tokens_per_batch, 8) \
+  assert compiled_plan.largest_memory_bucket(config, model.config, config.tokens_per_batch, 1) \
       == max(memory, key=memory.get), memory
 
 

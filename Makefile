@@ -37,7 +37,7 @@ ifeq ($(EXTRA_$(ACCELERATOR))$(JAX_PLATFORM_$(ACCELERATOR)),)
   $(error ACCELERATOR=$(ACCELERATOR): expected tpu, gpu or cpu)
 endif
 
-.PHONY: quickstart test clean
+.PHONY: quickstart test test-fast clean
 
 # jax 0.10.2 needs Python >= 3.11; Ubuntu 22.04 (TPU VM images among them) ships 3.10.
 $(VENV)/bin/python:
@@ -72,6 +72,11 @@ TEST_WORKERS ?= 2
 
 test: $(VENV)/installed-test
 	JAX_PLATFORMS=cpu $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=20
+
+# The tests not marked slow (no training, no subprocess, no compiling for an accelerator):
+# a few minutes on 2 cores; `make test` runs them all (README, "Running tests").
+test-fast: $(VENV)/installed-test
+	JAX_PLATFORMS=cpu $(PY) -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 clean:
 	rm -rf $(VENV)

@@ -73,8 +73,10 @@ def translate_and_score() -> None:
   import jax
   from aiayn_flax import paths, provenance, run_dir, scoring, tasks
   from aiayn_flax.data import text_files
+  from aiayn_flax import compilation_cache
   from aiayn_flax.translator import Translator
   config = run_dir.load_config(FLAGS.workdir)
+  compilation_cache.enable(config, FLAGS.workdir)  # reuse what train.py compiled
   if config.dataset.name in tasks.PARSING_DATASETS:  # trees and EVALB F1 instead of BLEU
     if FLAGS.testset or FLAGS.src_file or FLAGS.ref_file:
       raise app.UsageError("a parsing run is scored on a split of its treebank: --split=NAME")

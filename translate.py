@@ -91,12 +91,14 @@ def main(argv):
   try:
     import jax
     from aiayn_flax import run_dir, sharding, tasks
+    from aiayn_flax import compilation_cache
     from aiayn_flax.translator import Translator
     sharding.initialize_distributed()  # launched on every worker: join the others first
     if jax.process_count() > 1 and not FLAGS.input:
       raise ValueError(f"on {jax.process_count()} processes, give --input (a file every worker "
                        "can read) and --output, or run on one host for standard input")
     config = run_dir.load_config(FLAGS.workdir)
+    compilation_cache.enable(config, FLAGS.workdir)  # reuse what train.py compiled
     task = tasks.for_config(config)
     average_last = FLAGS.average_last or config.average_last_checkpoints
     model, params, _ = run_dir.load_model_and_params(FLAGS.workdir, config, average_last)

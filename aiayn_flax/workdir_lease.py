@@ -21,7 +21,6 @@ import threading
 import time
 import uuid
 
-import jax
 from absl import logging
 from etils import epath
 

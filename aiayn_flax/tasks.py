@@ -41,6 +41,9 @@ class Parsing:
   name = "parsing"
   metric = "f1"
 
+  def __init__(self, leaves: str = "XX"):
+    self.leaves = leaves  # what the linearized trees write for a word (config.dataset.tree_leaves)
+
   def sources_and_references(self, config, split: str) -> tuple[list[str], list[str]]:
     """(sentences, gold trees on one line each)."""
     from aiayn_flax.parsing import sentences
@@ -56,16 +59,20 @@ class Parsing:
   def outputs(self, sources: list[str], decoded: list[str]) -> list[str]:
     """Trees over the sentences' words (XX tags), one line each; empty lines stay empty."""
     from aiayn_flax.parsing import sentences
-    return [sentences.tree_line(s, d) for s, d in zip(sources, decoded)]
+    return [sentences.tree_line(s, d, leaves=self.leaves) for s, d in zip(sources, decoded)]
 
   def validation_metrics(self, sources, decoded, references) -> dict:
     """EVALB (COLLINS.prm) F1 against the gold trees, and the fraction of complete matches."""
     from aiayn_flax.parsing import evalb, sentences
-    test = [sentences.tree_line(s, d, g) for s, d, g in zip(sources, decoded, references)]
+    test = [sentences.tree_line(s, d, g, self.leaves)
+            for s, d, g in zip(sources, decoded, references)]
     totals = evalb.score_corpus(references, test).all
     return {"f1": totals.f1, "exact_match": totals.complete_match / 100}
 
 
 def for_config(config):
   """The task a config trains: parsing for a treebank, translation otherwise."""
-  return Parsing() if config.dataset.name in PARSING_DATASETS else Translation()
+  if config.dataset.name in PARSING_DATASETS:
+    from aiayn_flax.parsing import sentences
+    return Parsing(sentences.tree_leaves(config.dataset))
+  return Translation()

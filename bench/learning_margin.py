@@ -11,6 +11,8 @@ test's bound and the margin:
             (test_the_toy_model_attends_to_the_mirrored_source)
   multi30k  test_learning's small Multi30k run: validation NLL / the unigram model's NLL
             (test_paper_regularisation_learns_multi30k_well_beyond_a_unigram_model)
+  parsing   test_parsing_training's tiny parser: its greedy F1 minus the right-branching
+            tree's on the same short training sentences (test_short_training_on_the_sample_...)
 A bound is safe when its worst seed still clears it with room to spare; the thresholds in
 tests/test_learning.py quote the sweep they were set from.
 """
@@ -24,9 +26,10 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 from absl import app, flags  # noqa: E402
 
 import test_learning  # noqa: E402  (the tests' configs and bounds, so both stay one thing)
+import test_parsing_training  # noqa: E402
 
 flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "config.seed values to train.")
-flags.DEFINE_list("tasks", ["toy", "multi30k"], "Which learning tests to sweep.")
+flags.DEFINE_list("tasks", ["toy", "multi30k", "parsing"], "Which learning tests to sweep.")
 FLAGS = flags.FLAGS
 
 
@@ -52,9 +55,18 @@ def multi30k_row(seed: int) -> str:
           f"{test_learning.MULTI30K_MAX_NLL_RATIO - ratio:+.3f})")
 
 
+def parsing_row(seed: int) -> str:
+  with tempfile.TemporaryDirectory() as workdir:
+    f1, right_f1 = test_parsing_training.parsing_learning_measures(
+        test_parsing_training.parsing_learning_config(seed), workdir)
+  gain, bound = f1 - right_f1, test_parsing_training.PARSING_MIN_F1_GAIN
+  return (f"parsing seed {seed}: F1 {f1:.2f}, right-branching {right_f1:.2f}, gain {gain:.2f} "
+          f"(test: > {bound}, margin {gain - bound:+.2f})")
+
+
 def main(argv):
   del argv
-  rows = {"toy": toy_row, "multi30k": multi30k_row}
+  rows = {"toy": toy_row, "multi30k": multi30k_row, "parsing": parsing_row}
   for task in FLAGS.tasks:
     for seed in FLAGS.seeds:
       print(rows[task](int(seed)), flush=True)

@@ -37,6 +37,7 @@ def get_config():
       max_length=512,
   )
   c.dataset.treebank_dir = ""  # the LDC's parsed/mrg/wsj folder; "": NLTK's public sample
+  c.dataset.tree_leaves = "XX"  # Vinyals et al.'s linearization, which the paper followed
   c.model.update(vocab_size=16000, d_model=1024, num_layers=4)
   c.num_train_steps = 20_000
   c.eval_every_steps = 2000

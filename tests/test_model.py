@@ -108,7 +108,7 @@ def test_cached_decoding_matches_full_forward(positions):
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("seed, extra_length", [(0, 5), (1, 5), (2, 30)])
+@pytest.mark.parametrize("seed, extra_length", [(0, 5), (2, 30)])
 def test_translator_search_matches_the_plain_algorithm(seed, extra_length):
   """The translator's beam search keeps each sentence's encoder keys/values once and its
   self-attention keys/values in place (one slot per beam, reordering only the slot table), and

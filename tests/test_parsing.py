@@ -45,21 +45,30 @@ def test_a_constituent_holding_only_an_empty_element_is_removed():
       "(S (VP (VBD said) (SBAR (S (VP (VBD won))))) (. .))")
 
 
-def test_linearize_then_repair_gives_back_every_sample_tree(sample_splits):
+@pytest.mark.parametrize("leaves", linearize.LEAVES)
+def test_linearize_then_repair_gives_back_every_sample_tree(sample_splits, leaves):
   count = 0
   for _, trees in sample_splits.values():
     for tree in trees:
       words, tags = linearize.words_and_tags(tree)
-      sequence = linearize.linearize(tree)
-      assert linearize.repair(sequence, words, tags) == tree
-      assert sequence.count(linearize.PLACEHOLDER) == len(words)
+      sequence = linearize.linearize(tree, leaves)
+      assert linearize.repair(sequence, words, tags, leaves) == tree
+      brackets = [t for t in sequence if t == linearize.CLOSE or linearize.open_label(t)]
+      assert [t for t in sequence if t not in brackets] == (
+          [linearize.PLACEHOLDER] * len(words) if leaves == "XX" else words)
       count += 1
   assert count == 3914
 
 
-def test_linearization_is_depth_first_with_placeholder_tags():
+def test_linearization_is_depth_first_with_placeholder_tags_or_words():
   tree = nltk.Tree.fromstring("(S (NP (NNP Ms.) (NNP Haag)) (VP (VBZ plays) (NP (NNP Elianti))) (. .))")
   assert " ".join(linearize.linearize(tree)) == "(S (NP XX XX ) (VP XX (NP XX ) ) XX )"
+  assert " ".join(linearize.linearize(tree, "words")) == (
+      "(S (NP Ms. Haag ) (VP plays (NP Elianti ) ) . )")
+  # Read back, a written word only places the next input word, whatever it says.
+  assert linearize.repair("(S (NP Ms. Hag ) (VP plays (NP Elianti".split(), tree.leaves(),
+                          leaves="words") == nltk.Tree.fromstring(
+      "(S (NP (XX Ms.) (XX Haag)) (VP (XX plays) (NP (XX Elianti) (XX .))))")
 
 
 def assert_well_formed_over(tree: nltk.Tree, words, tags):

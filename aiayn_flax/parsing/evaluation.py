@@ -21,7 +21,8 @@ def parse_and_score(workdir: str, config, split: str, beam_size: int, alpha: flo
                     average_last: int, batch_size: int, output_dir: str | None = None):
   """Parses `split`, writes <split>.gold / <split>.tst under output_dir (WORKDIR/eval), prints
   the EVALB line and returns the scores."""
-  sources, gold = tasks.Parsing().sources_and_references(config, split)
+  task = tasks.for_config(config)
+  sources, gold = task.sources_and_references(config, split)
   model, params, steps = run_dir.load_model_and_params(workdir, config, average_last)
   vocab = run_dir.load_vocabulary(workdir, config)
   logging.info("parsing %d sentences of %s: beam %d, alpha %.2f, parameters of steps %s",
@@ -31,7 +32,7 @@ def parse_and_score(workdir: str, config, split: str, beam_size: int, alpha: flo
   start = time.time()
   decoded = translator.translate(sources, progress_every=50)
   seconds = time.time() - start
-  test = [sentences.tree_line(s, d, g) for s, d, g in zip(sources, decoded, gold)]
+  test = [sentences.tree_line(s, d, g, task.leaves) for s, d, g in zip(sources, decoded, gold)]
   directory = epath.Path(output_dir or paths.workdir_path(workdir) / "eval")
   directory.mkdir(parents=True, exist_ok=True)
   (directory / f"{split}.gold").write_text("".join(line + "\n" for line in gold))

@@ -11,6 +11,11 @@ model's input, not its output):
 Closing brackets carry no label (Vinyals et al. wrote `)NP`): the label is implied by the
 bracket being closed, so a labelled close adds only a way to be inconsistent, and one closing
 token keeps the output vocabulary to the labels plus two tokens.
+
+With `leaves="words"` each preterminal is written as its word instead of XX
+(`(S (NP Ms. Haag ) (VP plays (NP Elianti ) ) . )`): the decoder then copies the input in
+order between the brackets, which tells it directly which input word it has reached (see
+docs/PARSING.md for when that matters).
 """
 from collections.abc import Sequence
 
@@ -18,16 +23,17 @@ import nltk
 
 PLACEHOLDER = "XX"  # a word's preterminal in the sequence
 CLOSE = ")"
+LEAVES = ("XX", "words")  # what a preterminal is written as
 REPAIR_ROOT = "TOP"  # the root repair() adds over several top-level pieces (EVALB deletes TOP)
 
 
-def linearize(tree: nltk.Tree) -> list[str]:
-  """The tree's tokens, depth first; preterminals become XX."""
+def linearize(tree: nltk.Tree, leaves: str = "XX") -> list[str]:
+  """The tree's tokens, depth first; preterminals become XX, or their words."""
   if _is_preterminal(tree):
-    return [PLACEHOLDER]
+    return [PLACEHOLDER if leaves == "XX" else tree[0]]
   tokens = ["(" + tree.label()]
   for child in tree:
-    tokens += linearize(child)
+    tokens += linearize(child, leaves)
   tokens.append(CLOSE)
   return tokens
 
@@ -46,25 +52,29 @@ def open_label(token: str) -> str | None:
 
 
 def repair(sequence: Sequence[str], words: Sequence[str],
-           tags: Sequence[str] | None = None) -> nltk.Tree:
+           tags: Sequence[str] | None = None, leaves: str = "XX") -> nltk.Tree:
   """A well-formed tree over exactly `words`, in order, read off any token sequence.
 
   Every word gets exactly one preterminal (tag `tags[i]`, XX without tags), brackets are
   balanced, and a well-formed sequence over the right number of words comes back unchanged
-  (`repair(linearize(t), words, tags) == t`). Tokens are read left to right with a stack of
-  open constituents:
+  (`repair(linearize(t, leaves), words, tags, leaves) == t`). Tokens are read left to right
+  with a stack of open constituents:
     1. `(LABEL` opens a constituent under the innermost open one.
-    2. `XX` takes the next word as a preterminal of the innermost open constituent; once every
-       word is placed, further XX are dropped.
+    2. A leaf token (`XX`; with leaves="words", any token that neither opens nor closes)
+       takes the next word as a preterminal of the innermost open constituent, whatever the
+       token says (the words are the input's); once every word is placed, further ones are
+       dropped.
     3. `)` closes the innermost open constituent; one with nothing in it is dropped, and a `)`
        with nothing open is dropped.
-    4. Any other token (a stray subword, an empty `(`) is dropped.
+    4. Any other token (with XX leaves: a stray subword, an empty `(`) is dropped.
     5. At the end, words not yet placed join the innermost open constituent, as preterminals,
        and every open constituent is closed (empty ones dropped).
     6. If that leaves exactly one constituent at the top (not a bare preterminal) it is the
        tree; otherwise what is at the top goes under one TOP root, a label EVALB deletes, so
        the repair adds no bracket to be scored. No words: an empty TOP.
   """
+  if leaves not in LEAVES:
+    raise ValueError(f"leaves={leaves!r}: expected one of {LEAVES}")
   if tags is not None and len(tags) != len(words):
     raise ValueError(f"{len(words)} words but {len(tags)} tags")
   tags = tags if tags is not None else [PLACEHOLDER] * len(words)
@@ -84,7 +94,7 @@ def repair(sequence: Sequence[str], words: Sequence[str],
     label = open_label(token)
     if label is not None:
       stack.append(nltk.Tree(label, []))
-    elif token == PLACEHOLDER:
+    elif token == PLACEHOLDER or (leaves == "words" and token != CLOSE and token != "("):
       if placed < len(words):
         children_of_innermost().append(nltk.Tree(tags[placed], [words[placed]]))
         placed += 1

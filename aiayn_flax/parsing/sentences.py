@@ -22,11 +22,19 @@ def split_trees(dataset, split: str):
   return _trees(dataset.get("treebank_dir", ""), split)
 
 
+def tree_leaves(dataset) -> str:
+  """config.dataset.tree_leaves: what the linearized trees write for a word, XX or the word."""
+  leaves = dataset.get("tree_leaves", "XX")
+  if leaves not in linearize.LEAVES:
+    raise ValueError(f"config.dataset.tree_leaves={leaves!r}: expected one of {linearize.LEAVES}")
+  return leaves
+
+
 def text_pairs(dataset, split: str) -> tuple[list[str], list[str]]:
   """(sentences, linearized trees) of a split, in file order, one pair per tree."""
-  trees = split_trees(dataset, split)
+  trees, leaves = split_trees(dataset, split), tree_leaves(dataset)
   return ([" ".join(tree.leaves()) for tree in trees],
-          [" ".join(linearize.linearize(tree)) for tree in trees])
+          [" ".join(linearize.linearize(tree, leaves)) for tree in trees])
 
 
 def gold_lines(dataset, split: str) -> list[str]:
@@ -46,7 +54,8 @@ def sentence_words(sentence: str) -> list[str]:
   return [BRACKET_WORDS.get(word, word) for word in sentence.split()]
 
 
-def tree_line(sentence: str, decoded: str, gold_line: str | None = None) -> str:
+def tree_line(sentence: str, decoded: str, gold_line: str | None = None,
+              leaves: str = "XX") -> str:
   """The decoded sequence repaired into a tree over the sentence's words, on one line; with
   the gold tree's line, its part-of-speech tags go on the words (see evaluation.py), else XX.
   An empty sentence gives an empty line."""
@@ -59,4 +68,4 @@ def tree_line(sentence: str, decoded: str, gold_line: str | None = None) -> str:
     gold_words, tags = linearize.words_and_tags(nltk.Tree.fromstring(gold_line))
     if gold_words != words:
       raise ValueError(f"the sentence {sentence!r} is not the gold tree's {' '.join(gold_words)!r}")
-  return linearize.evalb_line(linearize.repair(decoded.split(), words, tags))
+  return linearize.evalb_line(linearize.repair(decoded.split(), words, tags, leaves))

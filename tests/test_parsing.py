@@ -69,6 +69,16 @@ def test_linearization_is_depth_first_with_placeholder_tags_or_words():
   assert linearize.repair("(S (NP Ms. Hag ) (VP plays (NP Elianti".split(), tree.leaves(),
                           leaves="words") == nltk.Tree.fromstring(
       "(S (NP (XX Ms.) (XX Haag)) (VP (XX plays) (NP (XX Elianti) (XX .))))")
+  # Written words are aligned to the input's: a word left out or written twice does not move
+  # the later brackets (by count alone, `plays` would open the NP below).
+  # A skipped word is placed just before the next word written.
+  skipped = "(S (NP Ms. ) (VP plays (NP Elianti ) ) . )".split()
+  assert linearize.repair(skipped, tree.leaves(), leaves="words") == nltk.Tree.fromstring(
+      "(S (NP (XX Ms.)) (VP (XX Haag) (XX plays) (NP (XX Elianti))) (XX .))")
+  repeated = "(S (NP Ms. Haag Haag ) (VP plays (NP Elianti ) ) . )".split()
+  assert linearize.repair(repeated, tree.leaves(), leaves="words") == nltk.Tree.fromstring(
+      "(S (NP (XX Ms.) (XX Haag)) (VP (XX plays) (NP (XX Elianti))) (XX .))")
+  assert linearize.align_written_words(["a", "x", "c", "c"], ["a", "b", "c"]) == [0, 1, 2, None]
 
 
 def assert_well_formed_over(tree: nltk.Tree, words, tags):
@@ -92,13 +102,15 @@ GARBAGE_TOKENS = ["(S", "(NP", "(VP", "(PP", "(SBAR", ")", ")", ")", "XX", "XX",
                   "(", "((NP", "NP)", "▁", "dog", "(X)", ""]
 
 
-def test_repair_makes_a_tree_over_the_words_from_any_sequence():
+@pytest.mark.parametrize("leaves", linearize.LEAVES)
+def test_repair_makes_a_tree_over_the_words_from_any_sequence(leaves):
   rng = random.Random(0)
   for trial in range(3000):
     words = [f"w{i}" for i in range(rng.randint(0, 12))]
     tags = [rng.choice(["NN", "DT", ","]) for _ in words] if trial % 2 else None
-    sequence = [rng.choice(GARBAGE_TOKENS) for _ in range(rng.randint(0, 40))]
-    tree = linearize.repair(sequence, words, tags)
+    tokens = GARBAGE_TOKENS + (words[:3] if leaves == "words" else [])
+    sequence = [rng.choice(tokens) for _ in range(rng.randint(0, 40))]
+    tree = linearize.repair(sequence, words, tags, leaves)
     assert_well_formed_over(tree, words, tags or [linearize.PLACEHOLDER] * len(words))
 
 

@@ -61,9 +61,11 @@ def repair(sequence: Sequence[str], words: Sequence[str],
   with a stack of open constituents:
     1. `(LABEL` opens a constituent under the innermost open one.
     2. A leaf token (`XX`; with leaves="words", any token that neither opens nor closes)
-       takes the next word as a preterminal of the innermost open constituent, whatever the
-       token says (the words are the input's); once every word is placed, further ones are
-       dropped.
+       takes the next word as a preterminal of the innermost open constituent; once every
+       word is placed, further ones are dropped. With words, the written words are first
+       aligned to the input's (`align_written_words`): a written word takes the input word it
+       is aligned to, after any input words the writing skipped (so one skipped or repeated
+       word does not shift every later bracket), and one aligned to nothing is dropped.
     3. `)` closes the innermost open constituent; one with nothing in it is dropped, and a `)`
        with nothing open is dropped.
     4. Any other token (with XX leaves: a stray subword, an empty `(`) is dropped.
@@ -81,6 +83,10 @@ def repair(sequence: Sequence[str], words: Sequence[str],
   top: list = []  # finished pieces at the top level
   stack: list[nltk.Tree] = []  # open constituents, innermost last
   placed = 0
+  leaf_targets = None  # with words: the input index each written word stands for, or None
+  if leaves == "words":
+    written = [t for t in sequence if open_label(t) is None and t not in (CLOSE, "(")]
+    leaf_targets = iter(align_written_words(written, words))
 
   def children_of_innermost() -> list:
     return stack[-1] if stack else top
@@ -95,9 +101,11 @@ def repair(sequence: Sequence[str], words: Sequence[str],
     if label is not None:
       stack.append(nltk.Tree(label, []))
     elif token == PLACEHOLDER or (leaves == "words" and token != CLOSE and token != "("):
-      if placed < len(words):
-        children_of_innermost().append(nltk.Tree(tags[placed], [words[placed]]))
-        placed += 1
+      target = placed if leaf_targets is None else next(leaf_targets)
+      if target is not None and placed <= target < len(words):
+        for index in range(placed, target + 1):  # any skipped words, then this one
+          children_of_innermost().append(nltk.Tree(tags[index], [words[index]]))
+        placed = target + 1
     elif token == CLOSE:
       if stack:
         close_innermost()
@@ -108,6 +116,34 @@ def repair(sequence: Sequence[str], words: Sequence[str],
   if len(top) == 1 and not _is_preterminal(top[0]):
     return top[0]
   return nltk.Tree(REPAIR_ROOT, top)
+
+
+def align_written_words(written: Sequence[str], words: Sequence[str]) -> list[int | None]:
+  """For each written word, the index of the input word it stands for (None: it stands for
+  none), by the alignment of least edit distance (a word copied exactly costs 0, one written
+  differently 1, one left out or added 1; ties keep the earlier input word). Indices rise
+  strictly, so placing the words in this order keeps the sentence's order."""
+  n, m = len(written), len(words)
+  # cost[i][j]: aligning written[i:] with words[j:].
+  cost = [[0] * (m + 1) for _ in range(n + 1)]
+  for i in range(n, -1, -1):
+    for j in range(m, -1, -1):
+      if i == n or j == m:
+        cost[i][j] = (n - i) + (m - j)
+      else:
+        cost[i][j] = min(cost[i + 1][j + 1] + (written[i] != words[j]),
+                         cost[i + 1][j] + 1, cost[i][j + 1] + 1)
+  targets, i, j = [], 0, 0
+  while i < n:
+    if j < m and cost[i][j] == cost[i + 1][j + 1] + (written[i] != words[j]):
+      targets.append(j)
+      i, j = i + 1, j + 1
+    elif cost[i][j] == cost[i + 1][j] + 1:
+      targets.append(None)
+      i += 1
+    else:
+      j += 1
+  return targets
 
 
 def evalb_line(tree: nltk.Tree) -> str:

@@ -3,14 +3,16 @@ write the two files EVALB reads, and score them with our EVALB (COLLINS.prm).
 
 WORKDIR/eval/<split>.gold and <split>.tst hold one tree per line, aligned, every sentence of
 the split (none dropped; a decoded sequence is repaired into a tree, linearize.repair). The
-model predicts no part-of-speech tags (XX, as Vinyals et al. 2015): the .tst trees carry the
+model predicts no part-of-speech tags (as Vinyals et al. 2015): the .tst trees carry the
 gold tags, so that EVALB removes the same punctuation from both sides and scores brackets
-only. (Its tagging accuracy is then 100% by construction, and meaningless.)
+only. (Its tagging accuracy is then 100% by construction, and meaningless.) On several
+processes each decodes its share, and process 0 alone prints and writes.
 """
 import time
 
 from absl import logging
 from etils import epath
+import jax
 
 from aiayn_flax import paths, run_dir, tasks
 from aiayn_flax.parsing import evalb, sentences
@@ -33,11 +35,13 @@ def parse_and_score(workdir: str, config, split: str, beam_size: int, alpha: flo
   decoded = translator.translate(sources, progress_every=50)
   seconds = time.time() - start
   test = [sentences.tree_line(s, d, g, task.leaves) for s, d, g in zip(sources, decoded, gold)]
+  scores = evalb.score_corpus(gold, test)
+  if jax.process_index() > 0:
+    return scores  # every process has every tree (the translator gathers them); 0 writes
   directory = epath.Path(output_dir or paths.workdir_path(workdir) / "eval")
   directory.mkdir(parents=True, exist_ok=True)
   (directory / f"{split}.gold").write_text("".join(line + "\n" for line in gold))
   (directory / f"{split}.tst").write_text("".join(line + "\n" for line in test))
-  scores = evalb.score_corpus(gold, test)
   print(f"{scores.all.summary()}; {split}, {len(sources)} sentences, beam {beam_size}, "
         f"alpha {alpha}, steps {steps}, decoded in {seconds:.0f} s")
   print(f"len<={evalb.COLLINS.cutoff_length}: {scores.up_to_cutoff.summary()}")

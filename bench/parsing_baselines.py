@@ -9,7 +9,7 @@ treebank sample, for comparison with evaluate.py's F1 on the same trees:
   parsed by CKY (aiayn_flax/parsing/cky.py: nltk's ViterbiParser runs past its 5-second
   limit on a 5-word sentence with this grammar), twice:
   - over the words, as the Transformer sees a sentence: its lexical rules are read off the
-    training words, those seen once standing for unknown words by their shape (`word_class`);
+    training words, those seen once standing for unknown words by their shape (`word_classes`);
   - over the gold part-of-speech tags: unknown words are then no problem, and the parser is
     given what the Transformer has to infer (an upper reference, not a like-for-like peer).
 --max_words limits the sentences scored (all parsers alike).

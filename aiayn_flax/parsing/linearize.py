@@ -85,7 +85,7 @@ def repair(sequence: Sequence[str], words: Sequence[str],
   placed = 0
   leaf_targets = None  # with words: the input index each written word stands for, or None
   if leaves == "words":
-    written = [t for t in sequence if open_label(t) is None and t not in (CLOSE, "(")]
+    written = [t for t in sequence if _is_leaf(t, leaves)]
     leaf_targets = iter(align_written_words(written, words))
 
   def children_of_innermost() -> list:
@@ -100,7 +100,7 @@ def repair(sequence: Sequence[str], words: Sequence[str],
     label = open_label(token)
     if label is not None:
       stack.append(nltk.Tree(label, []))
-    elif token == PLACEHOLDER or (leaves == "words" and token != CLOSE and token != "("):
+    elif _is_leaf(token, leaves):
       target = placed if leaf_targets is None else next(leaf_targets)
       if target is not None and placed <= target < len(words):
         for index in range(placed, target + 1):  # any skipped words, then this one
@@ -151,6 +151,13 @@ def evalb_line(tree: nltk.Tree) -> str:
   if tree.label() != REPAIR_ROOT:
     tree = nltk.Tree(REPAIR_ROOT, [tree])
   return tree.pformat(margin=1_000_000_000)
+
+
+def _is_leaf(token: str, leaves: str) -> bool:
+  """Whether a token places a word: XX, or with words as leaves any token but a bracket."""
+  if leaves == "XX":
+    return token == PLACEHOLDER
+  return open_label(token) is None and token not in (CLOSE, "(")
 
 
 def _is_preterminal(tree) -> bool:

@@ -64,20 +64,15 @@ def largest_memory_bucket(config, model_config, micro_tokens: int, data_shards: 
   return max(boundaries, key=activation_bytes)
 
 
-def _bucket_needing_most_memory(config, target_name, model_config, micro_tokens: int,
-                                data_shards: int) -> int:
-  """The estimate's bucket (largest_memory_bucket) or the shortest one, whichever compiles to
-  the larger training program: on TPU a short bucket's [rows, heads, L, L] attention tensors
-  pad their last dimension to 128 lanes, which the per-token estimate does not model (one v5e
-  chip, a small model: 413 MB at 8 tokens against 198 MB at 64)."""
+def _candidate_buckets(config, model_config, micro_tokens: int, data_shards: int) -> list[int]:
+  """The buckets whose training program may need the most memory: the estimate's
+  (largest_memory_bucket) and the shortest. compile_run compiles both and keeps the larger: on
+  TPU a short bucket's [rows, heads, L, L] attention tensors pad their last dimension to 128
+  lanes, which the per-token estimate does not model (one v5e chip, a small model: 413 MB at
+  8 tokens against 198 MB at 64)."""
   estimated = largest_memory_bucket(config, model_config, micro_tokens, data_shards)
   shortest = bucketing.boundaries_for(config.dataset)[0]
-  if estimated == shortest:
-    return estimated
-  memory = {length: compile_run(config, target_name, include=("train",),
-                                length=length)["largest"].memory_bytes
-            for length in (estimated, shortest)}
-  return max(memory, key=memory.get)
+  return [estimated] if estimated == shortest else [estimated, shortest]
 
 
 def _same_for_all(tree, sharding_):
@@ -173,39 +168,50 @@ def compile_run(config, target_name: str,
   data_shards = mesh_axes["data"]
   accumulation = train_step.accumulation_steps(config, data_shards)
   micro_tokens = config.tokens_per_batch // accumulation  # as the trainer's micro_config
-  if length is None:
-    length = _bucket_needing_most_memory(config, target_name, model.config, micro_tokens,
-                                         data_shards)
-  rows = bucketing.batch_size_for(length, bucketing.padded_budget(micro_tokens), data_shards)
-  shape = f"{rows}x{length}"
-  batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding)
-           for key in ("inputs", "targets")}
+  candidates = ([length] if length is not None else
+                _candidate_buckets(config, model.config, micro_tokens, data_shards))
   rng = jax.eval_shape(lambda: train_step.dropout_key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=replicated)
   scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
   n = len(target_devices)
   steps_per_call = config.get("steps_per_call", 1)
 
-  compiled = []
-  if "train" in include and accumulation == 1 and steps_per_call > 1:
-    # The trainer runs every step through this program, K batches of one shape per call.
-    stacked_sharding = sharding.stacked_batch_sharding(mesh)
-    stacked = {key: jax.ShapeDtypeStruct((steps_per_call, rows, length), jnp.int32,
-                                         sharding=stacked_sharding)
-               for key in ("inputs", "targets")}
-    compiled.append(_compile("train_steps", f"{steps_per_call}x{shape}", programs.steps_fn,
-                             (state, stacked, scalar, rng), n))
-  elif "train" in include and accumulation == 1:
-    compiled.append(_compile("train_step", shape, programs.step_fn, (state, batch, rng), n))
-  elif "train" in include:
+  def batch_of(length):
+    rows = bucketing.batch_size_for(length, bucketing.padded_budget(micro_tokens), data_shards)
+    return f"{rows}x{length}", {
+        key: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding)
+        for key in ("inputs", "targets")}
+
+  def compile_training(length) -> list[CompiledProgram]:
+    """What one optimizer step runs, for batches of the bucket `length`."""
+    shape, batch = batch_of(length)
+    if accumulation == 1 and steps_per_call > 1:
+      # The trainer runs every step through this program, K batches of one shape per call.
+      stacked_sharding = sharding.stacked_batch_sharding(mesh)
+      stacked = {key: jax.ShapeDtypeStruct((steps_per_call, *x.shape), jnp.int32,
+                                           sharding=stacked_sharding)
+                 for key, x in batch.items()}
+      return [_compile("train_steps", f"{steps_per_call}x{shape}", programs.steps_fn,
+                       (state, stacked, scalar, rng), n)]
+    if accumulation == 1:
+      return [_compile("train_step", shape, programs.step_fn, (state, batch, rng), n)]
     grads, metrics = jax.eval_shape(programs.accumulate_fn, None, params, batch, rng, scalar,
                                     scalar)
     sums = (_abstract(grads, state_sharding.params),
             _abstract(metrics, jax.tree.map(lambda _: replicated, metrics)))
-    compiled.append(_compile("accumulate_step", shape, programs.accumulate_fn,
-                             (sums, params, batch, rng, scalar, scalar), n))
-    compiled.append(_compile("apply_gradient_sums", "-", programs.apply_fn,
-                             (state, *sums), n))
+    return [_compile("accumulate_step", shape, programs.accumulate_fn,
+                     (sums, params, batch, rng, scalar, scalar), n),
+            _compile("apply_gradient_sums", "-", programs.apply_fn, (state, *sums), n)]
+
+  # Each candidate bucket's training programs are compiled once; the one needing more memory
+  # is the run's (compiled even when "train" is left out of the plan, to choose the bucket).
+  training = {}
+  if "train" in include or len(candidates) > 1:
+    training = {length: compile_training(length) for length in candidates}
+  length = max(candidates, key=lambda length: max(
+      (p.memory_bytes for p in training.get(length, ())), default=0))
+  shape, batch = batch_of(length)
+  compiled = list(training[length]) if "train" in include else []
   if "eval" in include:
     compiled.append(_compile("eval_step", shape, programs.eval_fn, (params, batch), n))
   if "decode" in include and training_bleu_sentences(config):

@@ -39,11 +39,11 @@ def program_lines(stdout: str) -> dict[str, str]:
 
 
 def small_base_config(mesh: str = "data:-1"):
-  """The base model's width at 2 of its 6 layers, a small token budget and short buckets:
+  """The base model's width at 1 of its 6 layers, a small token budget and short buckets:
   minutes become seconds (the collectives and the memory rules do not depend on depth)."""
   config = base.get_config()
   config.tokens_per_batch, config.dataset.max_length, config.mesh = 2048, 32, mesh
-  config.model.num_layers = 2
+  config.model.num_layers = 1
   return config
 
 
@@ -161,23 +161,30 @@ def test_every_program_a_run_calls_is_compiled_with_its_shape():
 
 
 @pytest.mark.slow  # compiles, or starts train.py
-def test_the_bucket_compiled_is_the_one_that_needs_the_most_memory():
-  """Every bucket's train step compiled once: the dry run's choice is the largest."""
+def test_the_bucket_compiled_is_the_one_that_needs_the_most_memory(monkeypatch):
+  """Every bucket's train step compiled once: the dry run's choice is the largest, and the
+  dry run compiles each bucket it weighs once."""
   # One device holds the whole budget of 5120 slots in every bucket; 8 heads over a small
   # vocabulary: attention, which grows with the length, outweighs the logits.
   config = toy.get_config()
-  config.model.update(vocab_size=100, d_model=128, d_ff=512, num_heads=8, num_layers=2)
-  config.dataset.update(max_length=128, bucket_min_length=8, bucket_growth=2.0)
+  config.model.update(vocab_size=100, d_model=128, d_ff=512, num_heads=8, num_layers=1)
+  config.dataset.update(max_length=128, bucket_min_length=8, bucket_growth=4.0)
   config.tokens_per_batch, config.mesh = 4096, "data:1"
   boundaries = bucketing.boundaries_for(config.dataset)
-  assert boundaries == [8, 16, 32, 64, 128]
+  assert boundaries == [8, 32, 128]
   memory = {length: compiled_plan.compile_run(config, "tpu-v5e-1", include=("train",),
                                               length=length)["largest"].memory_bytes
             for length in boundaries}
-  # On TPU the shortest bucket needs the most here (its attention tensors pad to 128 lanes),
-  # which the per-token estimate misses: the dry run compiles that one too and keeps the larger.
+  compiled_shapes = []
+  compile_ = compiled_plan._compile
+  monkeypatch.setattr(compiled_plan, "_compile", lambda name, shape, *args: (
+      compiled_shapes.append(shape), compile_(name, shape, *args))[1])
   chosen = compiled_plan.compile_run(config, "tpu-v5e-1", include=("train",))["largest"]
+  # On TPU the shortest bucket needs the most here (its attention tensors pad to 128 lanes),
+  # which the per-token estimate (the longest bucket) misses: the dry run compiles that one
+  # too, once each, and keeps the larger.
   assert chosen.memory_bytes == max(memory.values()), (chosen.shape, memory)
+  assert [shape.split("x")[1] for shape in compiled_shapes] == ["128", "8"], compiled_shapes
 
 
 @pytest.mark.slow  # compiles, or starts train.py

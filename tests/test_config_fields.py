@@ -5,7 +5,7 @@ import re
 import pytest
 
 from conftest import REPO, run_script
-from configs import base, big, big_enfr, multi30k, toy
+from configs import base, big, big_enfr, multi30k, parsing, parsing_sample, toy
 
 # Where a field may be read: the library, the entry points and the benchmarks (not configs/,
 # which only set fields, nor tests/).
@@ -13,6 +13,7 @@ READERS = sorted([*REPO.glob("aiayn_flax/**/*.py"), *REPO.glob("*.py"), *REPO.gl
 
 CONFIGS = {"base": base.get_config(), "big": big.get_config(), "big_enfr": big_enfr.get_config(),
            "multi30k": multi30k.get_config(), "toy": toy.get_config(),
+           "parsing": parsing.get_config(), "parsing_sample": parsing_sample.get_config(),
            **{f"base:{row}": base.get_config(row) for row in base.TABLE3_ROWS}}
 
 

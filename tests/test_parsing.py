@@ -197,3 +197,41 @@ def test_tree_tokens_are_single_vocabulary_pieces(sample_splits, tmp_path):
     assert len(vocab.encode(sequence)) == len(sequence.split())
     assert vocab.decode(vocab.encode(sequence)) == sequence
   assert len(tasks.for_config(config).reserved_pieces(config)) == 27  # 25 labels, ")" and XX
+
+
+def test_training_subtrees_add_each_constituent_of_enough_words_as_its_own_pair(sample_splits):
+  """config.dataset.train_subtrees_min_words: after each training tree's pair come those of
+  its constituents of at least that many words, each its words and its own linearization;
+  the other splits keep one pair per tree."""
+  from aiayn_flax.parsing import sentences
+  dataset = ml_collections.ConfigDict(dict(treebank_dir="", train_split="train",
+                                           tree_leaves="words", train_subtrees_min_words=0))
+  plain = sentences.text_pairs(dataset, "train")
+  assert len(plain[0]) == 3396
+  dataset.train_subtrees_min_words = 4
+  sources, targets = sentences.text_pairs(dataset, "train")
+  first = sample_splits["train"][1][0]  # Pierre Vinken ...: its constituents of >= 4 words
+  assert list(zip(sources, targets))[:6] == [
+      (" ".join(first.leaves()), plain[1][0]),
+      ("Pierre Vinken , 61 years old ,", "(NP (NP Pierre Vinken ) , (ADJP (NP 61 years ) old ) , )"),
+      ("will join the board as a nonexecutive director Nov. 29",
+       "(VP will (VP join (NP the board ) (PP as (NP a nonexecutive director ) ) (NP Nov. 29 ) ) )"),
+      ("join the board as a nonexecutive director Nov. 29",
+       "(VP join (NP the board ) (PP as (NP a nonexecutive director ) ) (NP Nov. 29 ) )"),
+      ("as a nonexecutive director", "(PP as (NP a nonexecutive director ) )"),
+      (" ".join(sample_splits["train"][1][1].leaves()), plain[1][1]),
+  ]
+  # Every tree's pair is still there, in order, each followed by its constituents' pairs.
+  position = 0
+  for index, tree in enumerate(sample_splits["train"][1]):
+    assert (sources[position], targets[position]) == (plain[0][index], plain[1][index])
+    position += 1 + len(sentences.training_subtrees(tree, 4))
+  assert position == len(sources) == len(targets) == 35494
+  for source, target in zip(sources, targets):
+    tree = linearize.repair(target.split(), source.split(), leaves="words")
+    assert linearize.linearize(tree, "words") == target.split()
+  assert sentences.text_pairs(dataset, "validation")[0] == sentences.text_pairs(
+      ml_collections.ConfigDict(dict(treebank_dir="", train_split="train")), "validation")[0]
+  dataset.train_subtrees_min_words = -1
+  with pytest.raises(ValueError, match=r"config.dataset.train_subtrees_min_words=-1"):
+    sentences.text_pairs(dataset, "train")

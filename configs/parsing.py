@@ -38,7 +38,6 @@ def get_config():
   )
   c.dataset.treebank_dir = ""  # the LDC's parsed/mrg/wsj folder; "": NLTK's public sample
   c.dataset.tree_leaves = "XX"  # Vinyals et al.'s linearization, which the paper followed
-  c.dataset.train_subtrees_min_words = 0  # the paper trains on whole trees
   c.model.update(vocab_size=16000, d_model=1024, num_layers=4)
   c.num_train_steps = 20_000
   c.eval_every_steps = 2000

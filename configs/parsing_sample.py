@@ -39,7 +39,6 @@ def get_config():
   # 5 (it never learned which input word it had reached); copying the words teaches that
   # alignment directly (docs/PARSING.md).
   c.dataset.tree_leaves = "words"
-  c.dataset.train_subtrees_min_words = 0
   # 80K words of training text: a 4000-piece vocabulary splits rare words into pieces that
   # recur (suffixes, numbers) instead of giving each its own rarely trained embedding.
   # The paper's 4 layers at the CPU quick start's width (configs/multi30k.py).

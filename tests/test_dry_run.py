@@ -213,6 +213,7 @@ def test_a_run_that_cannot_fit_fails_with_one_line(target):
   result = train_py("--config=configs/base.py", "--dry_run", f"--target={target}",
                     "--config.model.num_layers=1", "--config.model.vocab_size=4000000",
                     "--config.tokens_per_batch=512", "--config.dataset.max_length=16",
+                    "--config.dataset.bucket_min_length=16",  # one bucket: one train compile
                     "--config.decode_batch_size=1")
   assert result.returncode != 0
   last = result.stderr.strip().splitlines()[-1]

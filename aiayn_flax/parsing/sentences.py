@@ -31,37 +31,10 @@ def tree_leaves(dataset) -> str:
 
 
 def text_pairs(dataset, split: str) -> tuple[list[str], list[str]]:
-  """(sentences, linearized trees) of a split, in file order, one pair per tree; in the
-  training split, each tree's pair is followed by those of its constituents of at least
-  config.dataset.train_subtrees_min_words words (`training_subtrees`)."""
+  """(sentences, linearized trees) of a split, in file order, one pair per tree."""
   trees, leaves = split_trees(dataset, split), tree_leaves(dataset)
-  min_words = subtree_min_words(dataset) if split == dataset.get("train_split") else 0
-  sentences, linearized = [], []
-  for tree in trees:
-    for part in [tree, *training_subtrees(tree, min_words)]:
-      sentences.append(" ".join(part.leaves()))
-      linearized.append(" ".join(linearize.linearize(part, leaves)))
-  return sentences, linearized
-
-
-def subtree_min_words(dataset) -> int:
-  """config.dataset.train_subtrees_min_words: 0 (the trees alone) or the fewest words a
-  constituent needs to be a training pair of its own."""
-  min_words = dataset.get("train_subtrees_min_words", 0)
-  if not isinstance(min_words, int) or isinstance(min_words, bool) or min_words < 0:
-    raise ValueError(f"config.dataset.train_subtrees_min_words={min_words!r}: expected 0 (off) "
-                     "or a number of words")
-  return min_words
-
-
-def training_subtrees(tree, min_words: int) -> list:
-  """The constituents below the root spanning at least `min_words` words (none for 0), depth
-  first: each is a smaller parsing example from the same gold tree ("the cat sat" -> its
-  S), which multiplies the examples of every phrase shape a small treebank has."""
-  if min_words <= 0:
-    return []
-  return [sub for sub in tree.subtrees() if sub is not tree and not isinstance(sub[0], str)
-          and len(sub.leaves()) >= min_words]
+  return ([" ".join(tree.leaves()) for tree in trees],
+          [" ".join(linearize.linearize(tree, leaves)) for tree in trees])
 
 
 def gold_lines(dataset, split: str) -> list[str]:

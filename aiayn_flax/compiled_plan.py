@@ -208,8 +208,9 @@ def compile_run(config, target_name: str,
   training = {}
   if "train" in include or len(candidates) > 1:
     training = {length: compile_training(length) for length in candidates}
-  length = max(candidates, key=lambda length: max(
-      (p.memory_bytes for p in training.get(length, ())), default=0))
+    length = max(candidates, key=lambda length: max(p.memory_bytes for p in training[length]))
+  else:
+    (length,) = candidates
   shape, batch = batch_of(length)
   compiled = list(training[length]) if "train" in include else []
   if "eval" in include:

@@ -177,8 +177,11 @@ def test_the_bucket_compiled_is_the_one_that_needs_the_most_memory(monkeypatch):
             for length in boundaries}
   compiled_shapes = []
   compile_ = compiled_plan._compile
-  monkeypatch.setattr(compiled_plan, "_compile", lambda name, shape, *args: (
-      compiled_shapes.append(shape), compile_(name, shape, *args))[1])
+
+  def recording_compile(name, shape, *args):
+    compiled_shapes.append(shape)
+    return compile_(name, shape, *args)
+  monkeypatch.setattr(compiled_plan, "_compile", recording_compile)
   chosen = compiled_plan.compile_run(config, "tpu-v5e-1", include=("train",))["largest"]
   # On TPU the shortest bucket needs the most here (its attention tensors pad to 128 lanes),
   # which the per-token estimate (the longest bucket) misses: the dry run compiles that one

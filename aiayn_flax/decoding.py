@@ -32,7 +32,11 @@ Conventions shared by both searches:
   * sentence b emits at most `min(max_lengths[b], max_decode_len)` tokens, EOS included: at its
     last allowed step every token but EOS is masked out (EOS keeps the model's log-prob, as in
     fairseq), so every hypothesis returned is complete;
-  * log-probabilities are computed in float32 whatever the dtype of the logits.
+  * log-probabilities are computed in float32 whatever the dtype of the logits;
+  * a task may rewrite each step's log-probs before the search reads them
+    (`constrain_log_probs`, e.g. a parser's trees over the input's words): a token it sets to
+    -inf cannot come next. EOS at a sentence's last allowed step keeps the model's log-prob
+    whatever it says.
 """
 from typing import Any, Callable, NamedTuple
 
@@ -45,6 +49,9 @@ NEG_INF = float("-inf")  # log-prob of an impossible or empty hypothesis
 
 Cache = Any  # a pytree, see the module docstring
 TokensToLogits = Callable[[jax.Array, Cache], tuple[jax.Array, Cache]]
+# (log_probs float32[B, K, V] of each hypothesis' next token, sequences int32[B, K, L]: its
+# tokens so far, PAD from `step` on, step int32[]) -> the log-probs the search uses [B, K, V].
+ConstrainLogProbs = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 def length_penalty(length, alpha):
@@ -145,6 +152,16 @@ def top_k_by_chunks(x: jax.Array, k: int, chunk: int = 64) -> tuple[jax.Array, j
   return values, indices
 
 
+def _constrained(log_probs, constrain_log_probs, sequences, step, must_end, eos_id):
+  """constrain_log_probs(log_probs [B, K, V], sequences, step), but EOS keeps the model's
+  log-prob where must_end [B, 1, 1]; without constrain_log_probs, log_probs unchanged."""
+  if constrain_log_probs is None:
+    return log_probs
+  constrained = constrain_log_probs(log_probs, sequences, step)  # [B, K, V]
+  keep_eos = must_end & (jnp.arange(log_probs.shape[-1]) == eos_id)  # [B, 1, V]
+  return jnp.where(keep_eos, log_probs, constrained)
+
+
 def _last_allowed_steps(max_lengths, max_decode_len: int) -> jax.Array:
   """int32[B]: the step at which each sentence must emit EOS (at the latest)."""
   max_lengths = jnp.asarray(max_lengths, jnp.int32)
@@ -165,8 +182,9 @@ class _GreedyState(NamedTuple):
 
 def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax.Array,
                   max_decode_len: int, bos_id: int, eos_id: int,
-                  cache_stages: CacheStages | None = None) -> jax.Array:
-  """Picks the most likely token at every step.
+                  cache_stages: CacheStages | None = None,
+                  constrain_log_probs: ConstrainLogProbs | None = None) -> jax.Array:
+  """Picks the most likely token at every step (by `constrain_log_probs`, if given).
 
   Args:
     tokens_to_logits: the model, see the module docstring.
@@ -175,6 +193,7 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: j
     max_decode_len: static length of the output buffer.
     bos_id, eos_id: token ids fed first / ending a sentence.
     cache_stages: grow the cache as decoding goes on (see CacheStages); None: it is full size.
+    constrain_log_probs: see ConstrainLogProbs (called with K = 1); None: the model's.
 
   Returns:
     int32[B, max_decode_len]: the generated tokens, EOS included, PAD after it. The loop stops
@@ -188,6 +207,11 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: j
 
   def decode_one_token(state: _GreedyState) -> _GreedyState:
     logits, cache = tokens_to_logits(state.last_ids[:, None], state.cache)  # [B, V]
+    if constrain_log_probs is not None:
+      must_end = (state.step >= last_steps)[:, None, None]  # [B, 1, 1]
+      logits = _constrained(jax.nn.log_softmax(logits.astype(jnp.float32))[:, None],
+                            constrain_log_probs, state.sequences[:, None], state.step,
+                            must_end, eos_id)[:, 0]  # [B, V]
     next_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B]
     next_ids = jnp.where(state.step >= last_steps, eos_id, next_ids)  # [B]: forced EOS
     next_ids = jnp.where(state.finished, PAD_ID, next_ids)  # [B]: nothing after EOS
@@ -232,7 +256,9 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
                 alpha: float = 0.6,
                 reorder_cache: Callable[[Cache, jax.Array], Cache] | None = None,
                 num_results: int | None = None,
-                cache_stages: CacheStages | None = None) -> tuple[jax.Array, jax.Array]:
+                cache_stages: CacheStages | None = None,
+                constrain_log_probs: ConstrainLogProbs | None = None
+                ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty, as in tensor2tensor, with fairseq's EOS rule.
 
   Each sentence keeps K = beam_size alive hypotheses (no EOS yet) and the K best finished ones
@@ -271,6 +297,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
     num_results: static n <= beam_size, how many hypotheses to return per sentence (default:
       beam_size).
     cache_stages: grow the cache as decoding goes on (see CacheStages); None: it is full size.
+    constrain_log_probs: see ConstrainLogProbs; None: the model's log-probs.
 
   Returns:
     sequences int32[B, n, max_decode_len] (tokens, EOS included, PAD after it) and scores
@@ -309,9 +336,11 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
       raise ValueError("beam search needs a vocabulary of at least 2 tokens")
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))  # [B*K, V]
     log_probs = log_probs.reshape(batch_size, k, vocab_size)  # [B, K, V]
+    must_end = (step >= last_steps)[:, None, None]  # [B, 1, 1]
+    log_probs = _constrained(log_probs, constrain_log_probs, state.alive_seqs, step, must_end,
+                             eos_id)  # [B, K, V]
     # At a sentence's last allowed step, only EOS may follow.
     is_eos_token = jnp.arange(vocab_size) == eos_id  # [V]
-    must_end = (step >= last_steps)[:, None, None]  # [B, 1, 1]
     log_probs = jnp.where(must_end & ~is_eos_token, NEG_INF, log_probs)  # [B, K, V]
     candidate_log_probs = state.alive_log_probs[:, :, None] + log_probs  # [B, K, V]
 

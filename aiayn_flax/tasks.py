@@ -23,6 +23,11 @@ class Translation:
     del config
     return []
 
+  def decoding_constraint(self, vocab):
+    """What the decoder may write: anything (see Translator's constraint_for)."""
+    del vocab
+    return None
+
   def outputs(self, sources: list[str], decoded: list[str]) -> list[str]:
     """What the user reads: the decoded text is the translation."""
     del sources
@@ -55,6 +60,11 @@ class Parsing:
     SentencePiece pieces carry the word-start marker U+2581, written before each token."""
     from aiayn_flax.parsing import sentences
     return ["\u2581" + token for token in sentences.tree_tokens(config.dataset)]
+
+  def decoding_constraint(self, vocab):
+    """Only well-formed trees over the input's words (parsing/constrained.py)."""
+    from aiayn_flax.parsing import constrained
+    return constrained.TreeTokens.of_vocabulary(vocab, self.leaves).constrain_log_probs
 
   def outputs(self, sources: list[str], decoded: list[str]) -> list[str]:
     """Trees over the sentences' words (XX tags), one line each; empty lines stay empty."""

@@ -8,6 +8,7 @@ sentence is dropped: an empty line translates to an empty line, and sources are 
 few fixed lengths (multiples of `LENGTH_QUANTUM`) so a test set compiles only a few shapes.
 """
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,10 +24,14 @@ LENGTH_QUANTUM = 16
 
 
 def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
-                   extra_length: int, num_results: int | None = None):
+                   extra_length: int, num_results: int | None = None,
+                   constraint_for: Callable[[jax.Array, jax.Array], decoding.ConstrainLogProbs]
+                   | None = None):
   """jit-compiled (params, inputs [B, S]) -> tokens [B, S + extra_length], best hypothesis;
   with `num_results` = n: (tokens [B, n, S + extra_length], scores [B, n]), the n best of a
-  beam search (of width beam_size; width 1 is greedy search, and scores it)."""
+  beam search (of width beam_size; width 1 is greedy search, and scores it).
+  `constraint_for(inputs, max_lengths)` rewrites the log-probs the search reads (a parser's trees over the
+  input's words, parsing/constrained.py); None: any token."""
 
   @jax.jit
   def decode(params, inputs):
@@ -57,13 +62,15 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
           method=model_lib.Transformer.decode, mutable=["cache"])
       return logits[:, 0], _split_cache(updated["cache"])[0]
 
+    constrain_log_probs = constraint_for(inputs, max_lengths) if constraint_for else None
     if beam_size == 1 and num_results is None:
       return decoding.greedy_decode(tokens_to_logits, step_cache, max_lengths, max_decode_len,
-                                    model_lib.BOS_ID, vocabulary.EOS_ID, cache_stages=stages)
+                                    model_lib.BOS_ID, vocabulary.EOS_ID, cache_stages=stages,
+                                    constrain_log_probs=constrain_log_probs)
     sequences, scores = decoding.beam_search(
         tokens_to_logits, step_cache, max_lengths, max_decode_len, model_lib.BOS_ID,
         vocabulary.EOS_ID, beam_size, alpha, reorder_cache=model_lib.reorder_decode_cache,
-        num_results=num_results or 1, cache_stages=stages)
+        num_results=num_results or 1, cache_stages=stages, constrain_log_probs=constrain_log_probs)
     return sequences[:, 0] if num_results is None else (sequences, scores)
 
   return decode
@@ -100,19 +107,22 @@ class Translator:
 
   Batches hold at most `batch_size` sentences and, with `max_tokens`, at most that many padded
   source tokens. `num_results` = n makes `translate_nbest` available (the n best of the beam,
-  with their scores) instead of `translate`.
+  with their scores) instead of `translate`. `constraint_for`: see make_decode_fn (a
+  task's `decoding_constraint`).
   """
 
   def __init__(self, model, params, vocab, *, beam_size: int = 1, alpha: float = 0.6,
                extra_length: int = 50, batch_size: int = 64, max_positions: int | None = None,
-               max_tokens: int = 0, num_results: int | None = None):
+               max_tokens: int = 0, num_results: int | None = None,
+               constraint_for=None):
     if num_results is not None and not 1 <= num_results <= beam_size:
       raise ValueError(f"--nbest={num_results}: must lie in [1, beam size {beam_size}]")
     self.params, self.vocab = params, vocab  # params: placed on a device once (the setter)
     self.batch_size, self.max_tokens = batch_size, max_tokens
     self.max_positions = max_positions
     self.num_results = num_results
-    self._decode = make_decode_fn(model, beam_size, alpha, extra_length, num_results)
+    self._decode = make_decode_fn(model, beam_size, alpha, extra_length, num_results,
+                                  constraint_for)
     self.extra_length = extra_length
 
   @property

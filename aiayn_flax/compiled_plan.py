@@ -20,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from aiayn_flax import accelerator_targets, devices, sharding, train_step, translator
+from aiayn_flax import accelerator_targets, devices, sharding, tasks, train_step, translator
 from aiayn_flax.data import bucketing
 from aiayn_flax.dry_run import activation_bytes_per_token
+from aiayn_flax.parsing import constrained
 from aiayn_flax.programs import training_programs
 
 HELPFUL_KEYS = ("a smaller --config.micro_batch_tokens_per_device (accumulates more micro-batches),"
@@ -304,8 +305,10 @@ def _compile_decoding(name, config, model, params, placement, *, beam_size: int,
   """One call of the translator's decoding: `rows` sources of the longest training length,
   parameters and sources placed by `placement` (the parameters' shardings, the sources')."""
   length = _decode_length(config)
+  constraint = tasks.for_config(config).decoding_constraint(
+      constrained.stand_in_pieces(config.model.vocab_size))  # a parser's, as the run's
   decode_fn = translator.make_decode_fn(model, beam_size, config.length_penalty_alpha,
-                                        config.decode_extra_length)
+                                        config.decode_extra_length, constraint_for=constraint)
   params = _abstract(params, placement[0])
   sources = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement[1])
   return _compile(name, f"{rows}x{length}", decode_fn, (params, sources), num_devices)

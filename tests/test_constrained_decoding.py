@@ -198,7 +198,7 @@ def test_every_gold_tree_of_the_sample_is_one_the_decoder_may_write(shared_data,
   config = parsing_sample.get_config()
   config.dataset.tree_leaves = leaves
   vocab = pipeline.vocabulary_for(config, str(tmp_path))
-  tokens = constrained.TreeTokens.of_vocabulary(vocab, leaves)
+  tokens = constrained.TreeTokens(vocab.all_pieces(), leaves)
   labels = set(sentences.tree_tokens(config.dataset))
   dataset = ml_collections.ConfigDict(dict(treebank_dir="", tree_leaves=leaves))
   checked = unknown_labels = 0
@@ -213,3 +213,23 @@ def test_every_gold_tree_of_the_sample_is_one_the_decoder_may_write(shared_data,
     assert allowed.all(), f"{split}: {np.flatnonzero(~allowed.all(1)).tolist()} not allowed"
     checked += len(known)
   assert (checked, unknown_labels) == (273 + 245 - 1, 1)
+
+
+def test_the_dry_run_compiles_a_parsing_run_with_its_constrained_decoding(monkeypatch):
+  """`train.py --dry_run --target=...` compiles evaluate.py's decoding as a parsing run runs
+  it, constraint included: the same compile without it counts fewer FLOPs."""
+  from aiayn_flax import compiled_plan, tasks
+  from configs import parsing_sample
+  config = parsing_sample.get_config()
+  config.model.update(vocab_size=512, d_model=32, d_ff=64, num_layers=1)
+  config.dataset.max_length = 32
+  config.update(beam_size=2, decode_extra_length=16)  # few decoding stages: a faster compile
+
+  def evaluate_flops():
+    plan = compiled_plan.compile_run(config, "tpu-v5e-1", include=("evaluate",))
+    (program,) = plan["programs"]
+    return program.flops
+
+  constrained_flops = evaluate_flops()
+  monkeypatch.setattr(tasks.Parsing, "decoding_constraint", lambda self, pieces: None)
+  assert constrained_flops > evaluate_flops() > 0

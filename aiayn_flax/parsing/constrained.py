@@ -63,11 +63,6 @@ class TreeTokens:
       raise ValueError("the vocabulary lacks the tree tokens (`(X` labels, `)`, XX) as "
                        "pieces of their own: was it trained for a treebank?")
 
-  @classmethod
-  def of_vocabulary(cls, vocab, leaves: str) -> "TreeTokens":
-    processor = vocab._processor  # noqa: SLF001 (the Vocabulary wraps one SentencePiece model)
-    return cls([processor.id_to_piece(i) for i in range(vocab.vocab_size)], leaves)
-
   def constrain_log_probs(self, sources: jax.Array, max_lengths: jax.Array) -> ConstrainLogProbs:
     """The decoding constraint for a batch of sources (int32[B, S]: piece ids, EOS, PAD after)
     whose outputs may have max_lengths[b] tokens (int32[B], EOS included)."""
@@ -112,6 +107,15 @@ class TreeTokens:
       return jnp.where(allowed, log_probs, NEG_INF)
 
     return constrain
+
+
+def stand_in_pieces(vocab_size: int) -> list[str]:
+  """A vocabulary of vocab_size pieces with every role (specials, `(S`, `)`, XX, words): the
+  decoding program depends on the vocabulary's size, not on which piece plays which role, so
+  a dry run compiles with these what evaluate.py runs with a trained vocabulary."""
+  specials = ["<pad>", "</s>", "<unk>", "<s>"]
+  tree = [WORD_START + "(S", WORD_START + linearize.CLOSE, WORD_START + linearize.PLACEHOLDER]
+  return specials + tree + [f"{WORD_START}w{i}" for i in range(vocab_size - 7)]
 
 
 def _last_token(sequences: jax.Array, step: jax.Array) -> jax.Array:

@@ -30,8 +30,8 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
   """jit-compiled (params, inputs [B, S]) -> tokens [B, S + extra_length], best hypothesis;
   with `num_results` = n: (tokens [B, n, S + extra_length], scores [B, n]), the n best of a
   beam search (of width beam_size; width 1 is greedy search, and scores it).
-  `constraint_for(inputs, max_lengths)` rewrites the log-probs the search reads (a parser's trees over the
-  input's words, parsing/constrained.py); None: any token."""
+  `constraint_for(inputs, max_lengths)` rewrites the log-probs the search reads (a parser's
+  trees over the input's words, parsing/constrained.py); None: the model's."""
 
   @jax.jit
   def decode(params, inputs):
@@ -70,7 +70,8 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
     sequences, scores = decoding.beam_search(
         tokens_to_logits, step_cache, max_lengths, max_decode_len, model_lib.BOS_ID,
         vocabulary.EOS_ID, beam_size, alpha, reorder_cache=model_lib.reorder_decode_cache,
-        num_results=num_results or 1, cache_stages=stages, constrain_log_probs=constrain_log_probs)
+        num_results=num_results or 1, cache_stages=stages,
+        constrain_log_probs=constrain_log_probs)
     return sequences[:, 0] if num_results is None else (sequences, scores)
 
   return decode

@@ -1,17 +1,20 @@
 """Decoding that can only write trees over the input's words.
 
 At every step the decoder may choose only among the tokens that keep the sequence a prefix of
-a well-formed tree over exactly the sentence's words (the mask `decoding.py` applies to the
-model's log-probs; the model itself is untouched). For a sequence so far with `depth`
-brackets open, having placed `done` of the sentence's `n` units (a unit is a source piece
-when the trees write the words, a word when they write XX):
+a well-formed tree over exactly the sentence's words (the log-probs the searches of
+`decoding.py` read are rewritten; the model itself is untouched). For a sequence so far with
+`depth` brackets open, having placed `done` of the sentence's `n` units (a unit is a source
+piece when the trees write the words, a word when they write XX):
 
   * an opening bracket `(X`: while units remain (a constituent over no word is impossible)
     and the length limit leaves room to place them and close every bracket;
   * the closing bracket `)`: when a bracket is open and the last token did not just open it,
     and, until every unit is placed, only an inner one (the root closes last);
   * a unit: inside a bracket, while units remain; with words as leaves only the next source
-    piece itself (the output copies the input), with XX leaves `XX`;
+    piece itself (the output copies the input), and it gets the probability of every word
+    piece: the model chooses between a bracket and "a word", the input says which word (a
+    mask alone let a model that wanted another word open bracket after bracket,
+    docs/PARSING.md); with XX leaves `XX`;
   * EOS: once every unit is placed and every bracket closed.
 
 With words as leaves a bracket never splits a word: brackets may come only before a piece
@@ -24,19 +27,17 @@ the words and two brackets.
 The state is recounted from the sequence at every step (a few sums over its length per
 hypothesis) rather than carried by the search, so the search needs no parsing state.
 """
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from aiayn_flax.data import vocabulary
+from aiayn_flax.decoding import NEG_INF, ConstrainLogProbs
 from aiayn_flax.parsing import linearize
 
 WORD_START = "\u2581"  # SentencePiece's mark of a piece that begins a word
-
-NEG_INF = float("-inf")
-ConstrainLogProbs = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]  # decoding.py's
 
 
 class TreeTokens:

@@ -109,7 +109,7 @@ def main(argv):
         extra_length=config.decode_extra_length,
         batch_size=FLAGS.batch_size or config.decode_batch_size, max_tokens=FLAGS.max_tokens,
         max_positions=config.model.max_positions if config.model.positions == "learned" else None,
-        num_results=FLAGS.nbest, constraint_for=task.decoding_constraint(vocab.all_pieces()))
+        num_results=FLAGS.nbest, constraint_for=task.decoding_constraint(vocab))
     source = open(FLAGS.input, "rb") if FLAGS.input else sys.stdin.buffer
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"translate.py: error: {e}")

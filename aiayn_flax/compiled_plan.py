@@ -306,7 +306,7 @@ def _compile_decoding(name, config, model, params, placement, *, beam_size: int,
   parameters and sources placed by `placement` (the parameters' shardings, the sources')."""
   length = _decode_length(config)
   constraint = tasks.for_config(config).decoding_constraint(
-      constrained.stand_in_pieces(config.model.vocab_size))  # a parser's, as the run's
+      constrained.StandInVocabulary(config.model.vocab_size))  # a parser's, as the run's
   decode_fn = translator.make_decode_fn(model, beam_size, config.length_penalty_alpha,
                                         config.decode_extra_length, constraint_for=constraint)
   params = _abstract(params, placement[0])

@@ -23,10 +23,9 @@ class Translation:
     del config
     return []
 
-  def decoding_constraint(self, pieces: list[str]):
-    """What the decoder may write, given the vocabulary's pieces: anything (see Translator's
-    constraint_for)."""
-    del pieces
+  def decoding_constraint(self, vocab):
+    """What the decoder may write: anything (see Translator's constraint_for)."""
+    del vocab
     return None
 
   def outputs(self, sources: list[str], decoded: list[str]) -> list[str]:
@@ -62,10 +61,10 @@ class Parsing:
     from aiayn_flax.parsing import sentences
     return ["\u2581" + token for token in sentences.tree_tokens(config.dataset)]
 
-  def decoding_constraint(self, pieces: list[str]):
+  def decoding_constraint(self, vocab):
     """Only well-formed trees over the input's words (parsing/constrained.py)."""
     from aiayn_flax.parsing import constrained
-    return constrained.TreeTokens(pieces, self.leaves).constrain_log_probs
+    return constrained.TreeTokens(vocab.all_pieces(), self.leaves).constrain_log_probs
 
   def outputs(self, sources: list[str], decoded: list[str]) -> list[str]:
     """Trees over the sentences' words (XX tags), one line each; empty lines stay empty."""

@@ -231,5 +231,5 @@ def test_the_dry_run_compiles_a_parsing_run_with_its_constrained_decoding(monkey
     return program.flops
 
   constrained_flops = evaluate_flops()
-  monkeypatch.setattr(tasks.Parsing, "decoding_constraint", lambda self, pieces: None)
+  monkeypatch.setattr(tasks.Parsing, "decoding_constraint", lambda self, vocab: None)
   assert constrained_flops > evaluate_flops() > 0

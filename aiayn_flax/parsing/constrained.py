@@ -110,13 +110,18 @@ class TreeTokens:
     return constrain
 
 
-def stand_in_pieces(vocab_size: int) -> list[str]:
-  """A vocabulary of vocab_size pieces with every role (specials, `(S`, `)`, XX, words): the
-  decoding program depends on the vocabulary's size, not on which piece plays which role, so
-  a dry run compiles with these what evaluate.py runs with a trained vocabulary."""
-  specials = ["<pad>", "</s>", "<unk>", "<s>"]
-  tree = [WORD_START + "(S", WORD_START + linearize.CLOSE, WORD_START + linearize.PLACEHOLDER]
-  return specials + tree + [f"{WORD_START}w{i}" for i in range(vocab_size - 7)]
+class StandInVocabulary:
+  """vocab_size pieces with every role (specials, `(S`, `)`, XX, words): the decoding program
+  depends on the vocabulary's size, not on which piece plays which role, so a dry run compiles
+  with these what evaluate.py runs with a trained vocabulary."""
+
+  def __init__(self, vocab_size: int):
+    self.vocab_size = vocab_size
+
+  def all_pieces(self) -> list[str]:
+    specials = ["<pad>", "</s>", "<unk>", "<s>"]
+    tree = [WORD_START + "(S", WORD_START + linearize.CLOSE, WORD_START + linearize.PLACEHOLDER]
+    return specials + tree + [f"{WORD_START}w{i}" for i in range(self.vocab_size - 7)]
 
 
 def _last_token(sequences: jax.Array, step: jax.Array) -> jax.Array:

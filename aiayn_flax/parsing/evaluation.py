@@ -31,7 +31,7 @@ def parse_and_score(workdir: str, config, split: str, beam_size: int, alpha: flo
                len(sources), split, beam_size, alpha, steps)
   translator = Translator(model, params, vocab, beam_size=beam_size, alpha=alpha,
                           extra_length=config.decode_extra_length, batch_size=batch_size,
-                          constraint_for=task.decoding_constraint(vocab.all_pieces()))
+                          constraint_for=task.decoding_constraint(vocab))
   start = time.time()
   decoded = translator.translate(sources, progress_every=50)
   seconds = time.time() - start

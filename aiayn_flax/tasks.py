@@ -64,7 +64,8 @@ class Parsing:
   def decoding_constraint(self, vocab):
     """Only well-formed trees over the input's words (parsing/constrained.py)."""
     from aiayn_flax.parsing import constrained
-    return constrained.TreeTokens(vocab.all_pieces(), self.leaves).constrain_log_probs
+    pieces = [vocab.piece(i) for i in range(vocab.vocab_size)]
+    return constrained.TreeTokens(pieces, self.leaves).constrain_log_probs
 
   def outputs(self, sources: list[str], decoded: list[str]) -> list[str]:
     """Trees over the sentences' words (XX tags), one line each; empty lines stay empty."""

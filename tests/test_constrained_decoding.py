@@ -198,7 +198,7 @@ def test_every_gold_tree_of_the_sample_is_one_the_decoder_may_write(shared_data,
   config = parsing_sample.get_config()
   config.dataset.tree_leaves = leaves
   vocab = pipeline.vocabulary_for(config, str(tmp_path))
-  tokens = constrained.TreeTokens(vocab.all_pieces(), leaves)
+  tokens = constrained.TreeTokens([vocab.piece(i) for i in range(vocab.vocab_size)], leaves)
   labels = set(sentences.tree_tokens(config.dataset))
   dataset = ml_collections.ConfigDict(dict(treebank_dir="", tree_leaves=leaves))
   checked = unknown_labels = 0

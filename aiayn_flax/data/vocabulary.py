@@ -37,10 +37,6 @@ class Vocabulary:
   def vocab_size(self) -> int:
     return self._processor.get_piece_size()
 
-  def all_pieces(self) -> list[str]:
-    """Every piece's text, by id."""
-    return [self._processor.id_to_piece(i) for i in range(self.vocab_size)]
-
   @property
   def model_path(self) -> str:
     return self._model_path

@@ -49,6 +49,7 @@ class TreeTokens:
     self.leaves = leaves
     pieces = list(pieces)
     tokens = [piece[1:] if piece.startswith(WORD_START) else None for piece in pieces]
+    placeholders = np.array([t == linearize.PLACEHOLDER for t in tokens])
     special = np.zeros(len(pieces), bool)
     special[[vocabulary.PAD_ID, vocabulary.EOS_ID, vocabulary.BOS_ID]] = True
     self.opens = np.array([t is not None and linearize.open_label(t) is not None
@@ -56,10 +57,9 @@ class TreeTokens:
     self.closes = np.array([t == linearize.CLOSE for t in tokens]) & ~special
     self.starts_word = np.array([piece.startswith(WORD_START) for piece in pieces])
     if leaves == "XX":
-      self.units = np.array([t == linearize.PLACEHOLDER for t in tokens]) & ~special
+      self.units = placeholders & ~special
     else:  # every piece that is not a bracket, XX or a special id is part of a word
-      self.units = ~(self.opens | self.closes | special
-                     | np.array([t == linearize.PLACEHOLDER for t in tokens]))
+      self.units = ~(self.opens | self.closes | special | placeholders)
     if not self.opens.any() or not self.closes.any() or not self.units.any():
       raise ValueError("the vocabulary lacks the tree tokens (`(X` labels, `)`, XX) as "
                        "pieces of their own: was it trained for a treebank?")
@@ -115,13 +115,14 @@ class StandInVocabulary:
   depends on the vocabulary's size, not on which piece plays which role, so a dry run compiles
   with these what evaluate.py runs with a trained vocabulary."""
 
+  ROLES = ["<pad>", "</s>", "<unk>", "<s>", WORD_START + "(S", WORD_START + linearize.CLOSE,
+           WORD_START + linearize.PLACEHOLDER]
+
   def __init__(self, vocab_size: int):
     self.vocab_size = vocab_size
 
-  def all_pieces(self) -> list[str]:
-    specials = ["<pad>", "</s>", "<unk>", "<s>"]
-    tree = [WORD_START + "(S", WORD_START + linearize.CLOSE, WORD_START + linearize.PLACEHOLDER]
-    return specials + tree + [f"{WORD_START}w{i}" for i in range(self.vocab_size - 7)]
+  def piece(self, piece_id: int) -> str:
+    return self.ROLES[piece_id] if piece_id < len(self.ROLES) else f"{WORD_START}w{piece_id}"
 
 
 def _last_token(sequences: jax.Array, step: jax.Array) -> jax.Array:

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aiayn_flax import checkpoints, paths, train_step
+from aiayn_flax import checkpoints, paths, process_zero, train_step
 from aiayn_flax.data import pipeline, source_text
 
 
@@ -45,8 +45,10 @@ def testset_pairs(testset: str, config) -> tuple[list[str], list[str]]:
   """(sources, references) of a named test set, in file order.
 
   "multi30k/test2016" (or test2017, test2018, test2017_mscoco, validation); "wmt14"
-  (newstest2014 EN->DE); "split:NAME" for a split of the run's own dataset.
+  (newstest2014 EN->DE); "split:NAME" for a split of the run's own dataset. On process 0 of a
+  multi-host run only (evaluate.py hands the others its lines: process_zero.read_once).
   """
+  process_zero.require_process_zero(f"test set {testset}")
   if testset.startswith("multi30k/"):
     from aiayn_flax.data import multi30k
     return multi30k.read_split_pairs(testset.split("/", 1)[1])

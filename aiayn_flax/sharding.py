@@ -7,9 +7,9 @@ units and the vocabulary are split across it (tensor parallelism, Megatron-style
 follow their parameters.
 
 Multi-host (a TPU pod slice, several GPU hosts): `initialize_distributed` joins the processes
-before anything touches a device; every host builds the same global batch (its order is a
-function of seed and epoch) and hands each of its devices that device's block (`put_batch`);
-arrays no host holds whole are gathered for reading with `host_copy`;
+before anything touches a device; every host follows the same global batch order (a function
+of seed and epoch) and builds only the rows its own devices hold (`process_row_indices`,
+`put_process_rows`); arrays no host holds whole are gathered for reading with `host_copy`;
 checkpoints are written collectively by orbax, and only host 0 writes logs.
 """
 import os
@@ -106,6 +106,30 @@ def put_batch(batch: dict, sharding: NamedSharding) -> dict:
   hosts)."""
   return jax.tree.map(
       lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), batch)
+
+
+def process_row_indices(batch_sharding: NamedSharding, rows: int) -> np.ndarray:
+  """The rows of a [rows, ...] batch split along `data` that this process's devices hold, in
+  order: what this host builds of a global batch (the rest is other hosts' work)."""
+  spans = sorted({(index[0].start or 0, rows if index[0].stop is None else index[0].stop)
+                  for index in batch_sharding.addressable_devices_indices_map((rows,)).values()})
+  return np.concatenate([np.arange(start, stop) for start, stop in spans])
+
+
+def put_process_rows(batch: dict, sharding: NamedSharding, row_axis: int = 0) -> dict:
+  """Places a batch of which this process holds only its own rows (`process_row_indices`, in
+  order; stacked [K, rows, ...] batches: row_axis 1) on the mesh, every process its part
+  (jax.make_array_from_process_local_data). The global row count follows from the mesh: this
+  process holds `held` of the `data` axis's blocks."""
+  mesh = sharding.mesh
+  blocks = data_parallel_size(mesh)
+  held = len(process_row_indices(batch_sharding(mesh), blocks))
+
+  def put(x):
+    global_shape = list(x.shape)
+    global_shape[row_axis] = x.shape[row_axis] * blocks // held
+    return jax.make_array_from_process_local_data(sharding, x, tuple(global_shape))
+  return jax.tree.map(put, batch)
 
 
 def host_copy(tree):

@@ -1,12 +1,13 @@
 """A trained run's workdir as evaluate.py and translate.py see it: its config, vocabulary and
 (averaged) parameters, and the test sets it can be scored on."""
+import json
 import os
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aiayn_flax import checkpoints, paths, process_zero, train_step
+from aiayn_flax import checkpoints, host_agreement, paths, process_zero, train_step
 from aiayn_flax.data import pipeline, source_text
 
 
@@ -31,6 +32,9 @@ def load_model_and_params(workdir: str, config, average_last: int = 1):
   model = train_step.make_model(config)
   abstract = jax.eval_shape(lambda: train_step.init_params(model, 0))
   params, steps = checkpoints.load_newest_params(workdir, abstract, average_last)
+  # Each host lists the checkpoints itself: a stale view would decode with other parameters.
+  host_agreement.check({"config": json.loads(config.to_json_best_effort(sort_keys=True)),
+                        "checkpoint steps": steps})
   return model, jax.tree.map(jnp.asarray, params), steps
 
 

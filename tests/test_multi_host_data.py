@@ -378,3 +378,13 @@ def test_a_truncated_vocabulary_is_one_line_naming_the_file(two_process_run, tmp
       "model; restore it from a copy, or delete it and the tokenized/ folder beside it to "
       "train it again (the same data and seed train the same vocabulary)")
   assert "Traceback" not in result.stderr
+
+
+def test_hosts_name_the_first_difference_as_a_dotted_key():
+  from aiayn_flax import host_agreement
+  ours = {"model": {"d_model": 512, "num_heads": 8}, "seed": 0}
+  assert host_agreement.first_difference(ours, {"model": {"d_model": 256, "num_heads": 4},
+                                                "seed": 1}) == ("model.d_model", 512, 256)
+  assert host_agreement.first_difference(ours, ours | {"extra": 1}) == ("extra", None, 1)
+  assert host_agreement.first_difference([4, 8], [4]) == ("", [4, 8], [4])
+  host_agreement.check({"config": ours})  # one process: nothing to compare

@@ -180,8 +180,9 @@ def _mapped_member(npz_path: str, name: str) -> np.ndarray:
                    else np.lib.format.read_array_header_2_0)
     shape, fortran_order, dtype = read_header(f)
     offset = f.tell()
-  if fortran_order or not shape[0]:
-    return np.load(npz_path)[name]  # empty arrays cannot be mapped
+  if fortran_order or not shape[0]:  # np.savez writes neither; an empty array cannot be mapped
+    with np.load(npz_path) as arrays:
+      return arrays[name]
   return np.memmap(npz_path, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 

@@ -27,7 +27,7 @@ MODEL_AXIS_FLAGS = ["--config.mesh=data:1,model:8", "--config.model.num_heads=8"
 
 
 # Joins (or not) as train.py does, then says what it sees.
-JOIN = ["-c", "import jax; from aiayn_flax import sharding; sharding.initialize_distributed(); "
+JOIN = ["-c", "import jax; from aiayn_flax import cluster; cluster.initialize_distributed(); "
               "print('joined', jax.distributed.is_initialized(), 'process', jax.process_index(), "
               "'of', jax.process_count(), 'devices', jax.device_count())"]
 NO_EXPLICIT_COORDINATOR = {"JAX_COORDINATOR_ADDRESS": None, "JAX_NUM_PROCESSES": None,

@@ -1,9 +1,14 @@
 """Which local devices each process of a launch drives, and how many processes were launched,
 from the launchers' variables as SLURM, Open MPI, GKE and a Cloud TPU VM set them. The joins
 themselves, with real processes, are in test_multi_host.py."""
+import os
+import re
+import subprocess
+
 import pytest
 
 from aiayn_flax import cluster
+from conftest import REPO
 
 SLURM_STEP = {"SLURM_JOB_ID": "42", "SLURM_STEP_NODELIST": "gpu[01-02]", "SLURM_NTASKS": "16",
               "SLURM_PROCID": "11", "SLURM_NODEID": "1"}
@@ -110,3 +115,25 @@ def test_slurm_tasks_per_node_layouts(layout, node, tasks):
     ({"TPU_WORKER_HOSTNAMES": "w-0,w-1", "MEGASCALE_NUM_SLICES": "2"}, 4)])
 def test_process_count_from_the_launchers_variables(environ, count):
   assert cluster.process_count_from_variables(environ) == count
+
+
+def test_the_sbatch_script_runs_one_task_per_gpu_with_the_clones_python(tmp_path):
+  """scripts/slurm/train.sbatch under a stand-in srun that records what it was asked to run,
+  with the variables sbatch sets from the script's #SBATCH lines."""
+  (tmp_path / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$PWD" "$@" > "$SRUN_ARGS"\n')
+  (tmp_path / "srun").chmod(0o755)
+  environ = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_SUBMIT_DIR=str(REPO),
+                 SLURM_NTASKS_PER_NODE="8", SLURM_GPUS_PER_TASK="1", SLURM_CPUS_PER_TASK="8",
+                 SRUN_ARGS=str(tmp_path / "args"))
+  script = os.path.join(REPO, "scripts/slurm/train.sbatch")
+  subprocess.run(["bash", script, "configs/big.py", "/shared/runs/big", "--config.seed=2"],
+                 cwd=tmp_path, env=environ, check=True)
+  assert (tmp_path / "args").read_text().splitlines() == [
+      str(REPO), "--ntasks-per-node=8", "--gpus-per-task=1", "--cpus-per-task=8",
+      "--kill-on-bad-exit=1", ".venv/bin/python", "train.py", "--config=configs/big.py",
+      "--workdir=/shared/runs/big", "--config.seed=2"]
+  refused = subprocess.run(["bash", script, "configs/big.py"], env=environ, capture_output=True,
+                           text=True)
+  assert refused.returncode == 2 and "usage: sbatch" in refused.stderr
+  directives = re.findall(r"^#SBATCH (\S+)", open(script).read(), re.M)
+  assert "--gpus-per-task=1" in directives and "--signal=TERM@300" in directives

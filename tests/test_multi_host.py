@@ -83,16 +83,19 @@ def test_model_axis_spanning_hosts_trains_to_the_end_as_on_one_process(tmp_path)
 @pytest.mark.slow
 def test_processes_join_through_jax_cluster_detection():
   """Open MPI's variables (as mpirun sets them), no JAX_* ones: JAX's detector finds the
-  cluster (the coordinator's port given by JAX_COORDINATOR_PORT, held until it is used)."""
+  cluster (the coordinator's port given by JAX_COORDINATOR_PORT, held until it is used). Both
+  ranks see the host's 2 GPUs: each asks for its own."""
   with reserved_port() as port:
-    results = launch(JOIN, 2, 1, env=NO_EXPLICIT_COORDINATOR | {
+    results = launch([*JOIN_LOGGED, "present"], 2, 1, env=NO_EXPLICIT_COORDINATOR | {
         "JAX_COORDINATOR_PORT": str(port), "OMPI_MCA_orte_hnp_uri": "1.0;tcp://127.0.0.1:1",
-        "OMPI_COMM_WORLD_SIZE": "2"}, process_env={
+        "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "CUDA_VISIBLE_DEVICES": "0,1"}, process_env={
             i: {"OMPI_COMM_WORLD_RANK": str(i), "OMPI_COMM_WORLD_LOCAL_RANK": str(i)}
             for i in range(2)})
   for index, result in enumerate(results):
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"joined True process {index} of 2 devices 2" in result.stdout
+    assert re.findall(r"local device ids asked for: (.*)", result.stderr) == [str(index)]
 
 
 @pytest.mark.slow

@@ -142,8 +142,8 @@ def main(argv):
     if FLAGS.hyp_file:
       score_existing_translation()
     else:
-      from aiayn_flax import sharding
-      sharding.initialize_distributed()  # launched on every worker: join the others first
+      from aiayn_flax import cluster
+      cluster.initialize_distributed()  # launched on every worker: join the others first
       translate_and_score()
   except (FileNotFoundError, ValueError) as e:  # bad input: one line that says what to do
     sys.exit(f"evaluate.py: error: {e}")

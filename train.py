@@ -40,7 +40,7 @@ def main(argv):
   from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   # After flag parsing: keeps --help fast.
-  from aiayn_flax import compilation_cache, dry_run, sharding, trainer
+  from aiayn_flax import cluster, compilation_cache, dry_run, trainer
   config = FLAGS.config
   if FLAGS.dry_run:
     if FLAGS.target:
@@ -48,7 +48,7 @@ def main(argv):
     else:
       print(dry_run.plan_text(config))
     return
-  sharding.initialize_distributed()  # a multi-host slice: join the other processes first
+  cluster.initialize_distributed()  # a multi-host slice: join the other processes first
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required to train")
   refusal = check_backend(config)

@@ -104,10 +104,10 @@ def main(argv):
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   try:
     import jax
-    from aiayn_flax import run_dir, sharding, tasks
+    from aiayn_flax import cluster, run_dir, tasks
     from aiayn_flax import compilation_cache
     from aiayn_flax.translator import Translator
-    sharding.initialize_distributed()  # launched on every worker: join the others first
+    cluster.initialize_distributed()  # launched on every worker: join the others first
     if jax.process_count() > 1 and not FLAGS.input:
       raise ValueError(f"on {jax.process_count()} processes, give --input (a file process 0 "
                        "reads) and --output, or run on one host for standard input")

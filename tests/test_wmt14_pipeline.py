@@ -260,3 +260,11 @@ def test_scale_md_holds_the_table_the_dry_run_prints():
   assert table.count("\n") == 1 + 2 * (len(dry_run.TABLE_HARDWARE) + 1)
   assert "| base | 8 x P100 (paper, measured) | 8 | float32 |" in table
   assert table in (REPO / "docs" / "SCALE.md").read_text()
+
+
+def test_prepare_data_prepares_a_tfds_dataset_and_says_where(mocked_wmt14, tmp_path):
+  config = small_wmt14_config()
+  config.dataset.data_dir = str(tmp_path)  # (tfds' mock reads its own metadata folder instead)
+  assert source_text.prepare(config.dataset).startswith("wmt14_translate/de-en: prepared in /")
+  config.dataset.name = "multi30k"
+  assert source_text.prepare(config.dataset) == "multi30k: read from its files, nothing to prepare"

@@ -62,17 +62,20 @@ def text_pair_chunks(config, split: str, chunk_pairs: int = CHUNK_PAIRS) -> Text
     yield sources[start:start + chunk_pairs], targets[start:start + chunk_pairs]
 
 
-def prepare(dataset) -> None:
+def prepare(dataset) -> str:
   """Downloads and prepares a tfds dataset into its data_dir unless it is there already (the
-  local datasets need nothing). A multi-host run calls it on process 0 alone, before the
-  others read the dataset (pipeline.vocabulary_for)."""
+  local datasets need nothing), and says which. A multi-host run calls it on process 0 alone,
+  before the others read the dataset (pipeline.vocabulary_for); `train.py --prepare_data`
+  alone."""
   if not is_tfds(dataset):
-    return
+    return f"{dataset.name}: read from its files, nothing to prepare"
   process_zero.require_process_zero(f"{dataset.name} (download and prepare)")
   import tensorflow_datasets as tfds
   builder = tfds.builder(dataset.name, data_dir=dataset.data_dir or None)
-  if not builder.is_prepared():
-    builder.download_and_prepare()
+  if builder.is_prepared():
+    return f"{dataset.name}: prepared already in {builder.data_dir}"
+  builder.download_and_prepare()
+  return f"{dataset.name}: prepared in {builder.data_dir}"
 
 
 def _tfds_pairs(dataset, split):

@@ -24,7 +24,7 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "decode_extra_length", "decode_batch_size", "average_last_checkpoints",
     "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
     "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches",
-    "compilation_cache_dir"})
+    "compilation_cache_dir", "dcn_mesh"})  # dcn_mesh: where devices sit, not what they do
 # Fields that earlier versions saved and that no longer exist (they were never read): a run
 # that saved them resumes without a conflict.
 REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer"})
@@ -191,7 +191,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
 def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
   workdir = str(paths.workdir_path(workdir))  # a local folder or gs://bucket/run
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = sharding.make_mesh(config.mesh, dcn_spec=config.dcn_mesh)
   batch_sharding = sharding.batch_sharding(mesh)
   stacked_batch_sharding = sharding.stacked_batch_sharding(mesh)
   logging.info("devices: %s; mesh: %s", jax.devices(), dict(mesh.shape))

@@ -138,7 +138,8 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
   name = "test.en.beam4_avg1_step4"
   one, two = tmp_path / "1", tmp_path / "2"
   assert (one / f"{name}.hyp").read_bytes() == (two / f"{name}.hyp").read_bytes()
-  assert len((one / f"{name}.hyp").read_text().splitlines()) == 40
+  # (A 4-step model's beam writes odd pieces, \x85 among them: count lines as files hold them.)
+  assert (one / f"{name}.hyp").read_bytes().count(b"\n") == 40
   assert json.loads((one / f"{name}.json").read_text()) == json.loads(
       (two / f"{name}.json").read_text())
   # Every batch was decoded by the 8 devices of both processes together, and only process 0

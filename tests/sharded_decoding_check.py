@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from aiayn_flax import sharding, train_step  # noqa: E402
 from aiayn_flax.data import toy  # noqa: E402
@@ -30,7 +31,7 @@ def main():
   params["shared_embedding"]["embedding"] = embedding.at[np.array([0, 2, 3])].set(0.0)
   vocab = toy.SymbolVocabulary(config.model.vocab_size)
   rng = np.random.default_rng(0)
-  # 13 sentences of 1 to 20 symbols and 2 empty ones: batches of 5 and 3 rows (batch_size 5),
+  # 13 sentences of 1 to 20 symbols and 2 empty ones: batches of 5, 5 and 3 (batch_size 5),
   # padded to 8 rows on 8 devices; a 20-symbol source pads to 32 tokens.
   sentences = [" ".join(map(str, rng.integers(4, 20, rng.integers(1, 21)))) for _ in range(13)]
   sentences[4:4] = ["", "  "]
@@ -41,9 +42,20 @@ def main():
     kwargs = dict(beam_size=beam_size, extra_length=10, batch_size=5, num_results=beam_size)
     on_one = Translator(model, params, vocab, mesh=one, **kwargs).translate_nbest(sentences)
     translator = Translator(model, params, vocab, mesh=eight, **kwargs)
-    placed = jax.tree.leaves(translator.params)[0]
-    assert placed.sharding.is_fully_replicated and len(placed.devices()) == 8
+    assert all(leaf.sharding.is_fully_replicated and len(leaf.devices()) == 8
+               for leaf in jax.tree.leaves(translator.params))  # whole on each, placed once
+    calls, decode = [], translator._decode
+
+    def recording_decode(params, inputs):
+      calls.append((inputs.shape, inputs.sharding.spec, {s.data.shape for s in
+                                                         inputs.addressable_shards}))
+      return decode(params, inputs)
+    translator._decode = recording_decode
     on_eight = translator.translate_nbest(sentences)
+    # Batches of 5, 5 and 3 sentences (5, 5 and 4 rows on one device), each padded to 8 rows:
+    # one per device.
+    assert [(shape[0], spec, shards) for shape, spec, shards in calls] == [
+        (8, P("data"), {(1, shape[1])}) for shape, _, _ in calls] and len(calls) == 3, calls
     # The same translations; scores within float rounding (XLA's CPU kernels for 1 row per
     # device and for 5 rows sum in other orders: 1e-6 apart).
     assert [[text for text, _ in nbest] for nbest in on_eight] == [

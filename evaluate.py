@@ -12,8 +12,9 @@ that the Multi30k literature reports. Writes the detokenized hypotheses and a JS
 of the scores.
 
 On a pod slice or several GPU hosts, run it on every worker, as train.py: the processes join
-(jax.distributed), each decodes its share of the test set on one of its devices, and process 0
-prints the scores and writes the files (the hypotheses are the same as on one process).
+(jax.distributed), every batch is decoded over all the devices of all of them (its rows split),
+and process 0 prints the scores and writes the files (the hypotheses are the same as on one
+device).
 """
 import json
 import os

@@ -16,8 +16,8 @@ The defaults are evaluate.py's: the run's beam size and alpha, the last
 config.average_last_checkpoints checkpoints averaged.
 
 On a pod slice or several GPU hosts, run it on every worker with --input (a file each worker can
-read) and --output: the processes join (jax.distributed), share the decoding out, and process 0
-writes the output. Standard input is refused there (each worker would read its own).
+read) and --output: the processes join (jax.distributed), every batch is decoded over all their
+devices, and process 0 writes the output. Standard input is refused there (each worker would read its own).
 
 --nbest=N prints the N best translations of each line (N <= beam size), N lines per input line:
   LINE ||| TRANSLATION ||| SCORE

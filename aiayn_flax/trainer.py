@@ -143,8 +143,8 @@ def evaluate_loss(eval_fn, params, batches, batch_sharding) -> dict:
 def evaluate_translations(translator, params, sources, references, task) -> dict:
   """The task's metrics of greedy-decoded validation sentences: BLEU (sacreBLEU) and exact
   match (the toy task's metric) for translation, EVALB F1 for parsing (tasks.py).
-  The translator places the parameters on one device of each process (once, not per batch),
-  and the processes share the sentences out (translator.py)."""
+  The translator places the parameters whole on every device (once, not per batch) and splits
+  each batch's rows over all of them (translator.py)."""
   translator.params = params
   return task.validation_metrics(sources, translator.translate(sources), references)
 

@@ -42,9 +42,11 @@ DIGEST = re.compile(r"^params_digest: (\w+)$", re.M)
 
 
 def environment(**extra) -> dict:
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu", **extra)
+  """This process's environment for a child, without its XLA_FLAGS, plus `extra` (which may
+  set them: run_processes gives each process its devices there)."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
-  return env
+  return env | extra
 
 
 @contextlib.contextmanager

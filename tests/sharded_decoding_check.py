@@ -38,6 +38,10 @@ def main():
   eight = sharding.data_parallel_mesh()
   one = sharding.data_parallel_mesh(jax.devices()[:1])
   assert eight.shape == {"data": 8} and one.shape == {"data": 1}
+  # On CPU the mesh keeps the devices' order (what the multi-device tests compare relies on
+  # it): mesh_utils reorders TPU chips along their torus, never CPU devices.
+  assert list(eight.devices.flat) == jax.devices()
+  assert list(sharding.make_mesh("data:4,model:2").devices.flat) == jax.devices()
   for beam_size in (1, 4):
     kwargs = dict(beam_size=beam_size, extra_length=10, batch_size=5, num_results=beam_size)
     on_one = Translator(model, params, vocab, mesh=one, **kwargs).translate_nbest(sentences)

@@ -121,6 +121,7 @@ def test_vocabulary_and_token_ids_are_built_once_by_process_zero(two_process_run
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # with the fixture's training when it runs first: 2 x 4 devices
 def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
     two_process_run, shared_data, tmp_path):
   from aiayn_flax.data import text_files

@@ -13,7 +13,8 @@ of the scores.
 
 On a pod slice or several GPU hosts, run it on every worker, as train.py: the processes join
 (jax.distributed), process 0 reads the test set and hands it to the others (only its disk needs
-the data), each decodes its share, and process 0 prints the scores and writes the files (the hypotheses are the same as on one process).
+the data), every batch is decoded over all the devices of all of them (its rows split), and
+process 0 prints the scores and writes the files (the hypotheses are the same as on one device).
 """
 import json
 import os

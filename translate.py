@@ -17,7 +17,8 @@ config.average_last_checkpoints checkpoints averaged.
 
 On a pod slice or several GPU hosts, run it on every worker with --input and --output: the
 processes join (jax.distributed), process 0 reads --input and hands the lines to the others (only
-its disk needs the file), they share the decoding out, and process 0 writes the output. Standard input is refused there (each worker would read its own).
+its disk needs the file), every batch is decoded over all their devices, and process 0 writes
+the output. Standard input is refused there (each worker would read its own).
 
 --nbest=N prints the N best translations of each line (N <= beam size), N lines per input line:
   LINE ||| TRANSLATION ||| SCORE

@@ -81,6 +81,7 @@ class Target:
   num_devices: int
   tpu_topology: tuple = ()  # (topology_name, chip_config_name, chips_per_host_bounds)
   gpu: str = ""  # a key of GPUS
+  num_slices: int = 1  # TPU slices of tpu_topology each, joined by the data-center network
 
   @property
   def platform(self) -> str:
@@ -88,14 +89,15 @@ class Target:
 
   @property
   def hosts(self) -> int:
-    """Hosts (JAX processes) of the slice: one for every GPU target here."""
+    """Hosts (JAX processes) of the slice(s): one for every GPU target here."""
     if not self.tpu_topology:
       return 1
     return self.num_devices // math.prod(self.tpu_topology[2])
 
 
-def _tpu(name, kind, num_devices, topology, chip_config, bounds):
-  return Target(name, kind, num_devices, tpu_topology=(topology, chip_config, bounds))
+def _tpu(name, kind, num_devices, topology, chip_config, bounds, num_slices=1):
+  return Target(name, kind, num_devices, tpu_topology=(topology, chip_config, bounds),
+                num_slices=num_slices)
 
 
 TARGETS = {t.name: t for t in [
@@ -108,6 +110,9 @@ TARGETS = {t.name: t for t in [
     _tpu("tpu-v4-32", "tpu_v4", 16, "v4:2x2x4", "megacore", (2, 2, 1)),
     _tpu("tpu-v5e-32", "tpu_v5e", 32, "v5e:4x8", "default", (2, 4, 1)),
     _tpu("tpu-v5p-32", "tpu_v5p", 16, "v5:2x2x4", "megacore", (2, 2, 1)),
+    # Multislice: two v5e-16 slices (4x4 chips on 2 hosts each), 32 chips; the mesh needs
+    # config.dcn_mesh (e.g. data:2) to say which axis crosses the data-center network.
+    _tpu("tpu-v5e-16x2", "tpu_v5e", 32, "v5e:4x4", "default", (2, 4, 1), num_slices=2),
     *(Target(f"gpu-{gpu}x{n}", gpu, n, gpu=gpu)
       for gpu, counts in [("h100", (1, 8)), ("a100", (1, 8)), ("v100", (1, 8)), ("t4", (1,)),
                           ("l4", (1,))]
@@ -141,7 +146,8 @@ def topology_devices(target_: Target) -> list:
       name, chip_config, bounds = target_.tpu_topology
       description = topologies.get_topology_desc(
           platform="tpu", topology_name=name, chip_config_name=chip_config,
-          chips_per_host_bounds=bounds, num_slices=1, wrap=(False, False, False))
+          chips_per_host_bounds=bounds, num_slices=target_.num_slices,
+          wrap=(False, False, False))
     else:
       description = topologies.get_topology_desc(
           platform="cuda", target_config=GPUS[target_.gpu].target_config(),

@@ -5,9 +5,10 @@ It compiles every program a run calls (programs.py, translator.py), with the sha
 placements it calls them with: the training step as the trainer runs it (the multi-step
 program with K = steps_per_call stacked batches, one step, or, when
 micro_batch_tokens_per_device asks for accumulation, the accumulate and apply programs), the
-evaluation step, the greedy decoding of training's validation BLEU (parameters as training
-shards them), and evaluate.py's decoding (beam_size; one device, parameters whole), both at
-decode_batch_size rows of sources of the longest training length. A program's memory is its arguments + outputs +
+evaluation step, the greedy decoding of training's validation BLEU, and evaluate.py's decoding
+(beam_size), both as the translator runs them: data-parallel over every device of the slice,
+parameters whole on each, decode_batch_size rows (rounded up to a multiple of the devices) of
+sources of the longest training length. A program's memory is its arguments + outputs +
 temporaries - what outputs alias (donated state). An HBM overflow that the TPU compiler
 reports itself (RESOURCE_EXHAUSTED) is turned into the same one-line message.
 """
@@ -18,7 +19,6 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
 
 from aiayn_flax import accelerator_targets, devices, sharding, tasks, train_step, translator
 from aiayn_flax.data import bucketing
@@ -119,6 +119,9 @@ def _compile(name, shape, function, args, num_devices) -> CompiledProgram:
 _COLLECTIVE = re.compile(r"= [^\n]*? (all-reduce|all-gather|reduce-scatter|all-to-all|"
                          r"collective-permute)(?:-start)?\([^\n]*?replica_groups=([^\n]*)")
 _MESH_GROUPS = re.compile(r"mesh\[([^\]]*)\] \{([^}]*)\}")
+# Multislice: a slice's program hands the cross-slice part of a collective to the megascale
+# runtime, over the data-center network, as a host transfer.
+_DCN_COLLECTIVE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
 
 
 def _group_size(groups: str) -> int:
@@ -137,9 +140,13 @@ def _group_size(groups: str) -> int:
 
 def collectives(hlo_text: str) -> tuple:
   """(op, devices per replica group) of each kind of collective in an HLO module's text, e.g.
-  ("all-reduce", 8) for a data-parallel gradient sum on 8 devices."""
-  return tuple(sorted({(op, _group_size(groups))
-                       for op, groups in _COLLECTIVE.findall(hlo_text)}))
+  ("all-reduce", 8) for a data-parallel gradient sum on 8 devices; on several slices, each
+  slice's program holds its own devices' part, and ("dcn-all-reduce", 0) the part across the
+  slices (0: all of them, as for replica_groups={})."""
+  dcn = {("dcn-" + kind.lower().replace("_", "-"), 0)
+         for kind in _DCN_COLLECTIVE.findall(hlo_text)}
+  return tuple(sorted(dcn | {(op, _group_size(groups))
+                             for op, groups in _COLLECTIVE.findall(hlo_text)}))
 
 
 def compile_run(config, target_name: str,
@@ -150,13 +157,13 @@ def compile_run(config, target_name: str,
 
   "train": what one optimizer step runs (train_steps with K = steps_per_call stacked batches,
   train_step, or accumulate_step + apply_gradient_sums); "eval": the loss of a validation batch;
-  "decode": the greedy decoding of training's validation BLEU, placed as the trainer places it;
-  "evaluate": evaluate.py's decoding (beam_size, on one device, parameters whole)."""
+  "decode": the greedy decoding of training's validation BLEU; "evaluate": evaluate.py's
+  decoding (beam_size); both over every device, as translator.py places them."""
   target = accelerator_targets.target(target_name)
   target_devices = accelerator_targets.topology_devices(target)
   kind = devices.kind(target.kind)
-  mesh_axes = sharding.parse_mesh(config.mesh, len(target_devices))
-  mesh = Mesh(np.asarray(target_devices).reshape(tuple(mesh_axes.values())), tuple(mesh_axes))
+  mesh = sharding.make_mesh(config.mesh, target_devices, config.dcn_mesh)
+  mesh_axes = dict(mesh.shape)
   model = train_step.make_model(config, target_devices[0])
   abstract_state = jax.eval_shape(lambda: train_step.create_train_state(config, model))
   state_sharding = sharding.train_state_shardings(
@@ -216,32 +223,29 @@ def compile_run(config, target_name: str,
   compiled = list(training[length]) if "train" in include else []
   if "eval" in include:
     compiled.append(_compile("eval_step", shape, programs.eval_fn, (params, batch), n))
+  # The translator decodes over every device on one data axis (across slices too), with the
+  # parameters whole on each and a batch's rows split over them (translator.py).
+  decoding_mesh = sharding.data_parallel_mesh(target_devices)
+  placement = (_same_for_all(params, sharding.replicated(decoding_mesh)),
+               sharding.batch_sharding(decoding_mesh))
   if "decode" in include and training_bleu_sentences(config):
-    # The trainer hands the translator its sharded parameters; with several processes it
-    # first gathers them whole into each process, which decodes on its own default device.
-    one_process = len({d.process_index for d in target_devices}) == 1
-    one_device = jax.sharding.SingleDeviceSharding(target_devices[0])
-    placement = ((state_sharding.params, replicated) if one_process
-                 else (_same_for_all(params, one_device), one_device))
     compiled.append(_compile_decoding(
         "greedy_decode", config, model, params, placement, beam_size=1,
         rows=translator.batch_rows(training_bleu_sentences(config),
                                    _decode_length(config), config.decode_batch_size),
-        num_devices=n if one_process else 1))
+        num_devices=n))
   if "evaluate" in include:
-    # evaluate.py: the averaged parameters as jnp arrays on the default device, jit without
-    # shardings: one device decodes, whatever the host has.
-    one_device = jax.sharding.SingleDeviceSharding(target_devices[0])
     compiled.append(_compile_decoding(
         f"evaluate_{'beam_search' if config.beam_size > 1 else 'greedy_decode'}", config,
-        model, params, (_same_for_all(params, one_device), one_device), beam_size=config.beam_size,
-        rows=config.decode_batch_size, num_devices=1))
+        model, params, placement, beam_size=config.beam_size, rows=config.decode_batch_size,
+        num_devices=n))
 
   largest = max(compiled, key=lambda p: p.memory_bytes)
   usable = int(kind.memory_bytes * (kind.usable_memory_fraction if target.platform == "gpu"
                                     else 1.0))
   return {"target": target.name, "target_devices": f"{n} x {target_devices[0].device_kind}",
-          "target_hosts": len({d.process_index for d in target_devices}),
+          "target_hosts": len({(getattr(d, "slice_index", 0), d.process_index)
+                               for d in target_devices}),
           "target_mesh": ",".join(f"{k}:{v}" for k, v in mesh_axes.items()),
           "target_compute_dtype": model.config.dtype,
           "accumulation_steps": accumulation, "programs": compiled, "largest": largest,
@@ -302,9 +306,12 @@ def _decode_length(config) -> int:
 
 def _compile_decoding(name, config, model, params, placement, *, beam_size: int, rows: int,
                       num_devices: int) -> CompiledProgram:
-  """One call of the translator's decoding: `rows` sources of the longest training length,
-  parameters and sources placed by `placement` (the parameters' shardings, the sources')."""
+  """One call of the translator's decoding: `rows` sources of the longest training length
+  (rounded up to the devices that split them, as the translator pads a batch), parameters and
+  sources placed by `placement` (the parameters' shardings, the sources')."""
   length = _decode_length(config)
+  devices = placement[1].mesh.shape["data"]
+  rows = -(-rows // devices) * devices
   constraint = tasks.for_config(config).decoding_constraint(
       constrained.StandInVocabulary(config.model.vocab_size))  # a parser's, as the run's
   decode_fn = translator.make_decode_fn(model, beam_size, config.length_penalty_alpha,

@@ -18,6 +18,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 import optax
+from absl import logging
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 TENSOR_PARALLEL_RULES = (("heads", "model"), ("mlp", "model"), ("vocab", "model"),
@@ -45,10 +47,56 @@ def parse_mesh(spec: str, num_devices: int) -> dict[str, int]:
   return axes
 
 
-def make_mesh(spec: str, devices=None) -> Mesh:
-  devices = jax.devices() if devices is None else devices
+def parse_dcn_mesh(spec: str, mesh_axes: dict[str, int], num_slices: int) -> dict[str, int]:
+  """config.dcn_mesh ("data:2": the data axis spans 2 slices) -> how many slices each axis of
+  the mesh spans, {axis: 1} where it stays within a slice. "" is one slice."""
+  spans = dict.fromkeys(mesh_axes, 1)
+  for part in filter(None, (p.strip() for p in spec.split(","))):
+    name, _, size = part.partition(":")
+    if name.strip() not in mesh_axes or not size.isdigit() or int(size) < 1:
+      raise ValueError(f"config.dcn_mesh={spec!r}: expected 'axis:slices,...' over the axes of "
+                       f"config.mesh ({', '.join(mesh_axes)}), such as 'data:2'")
+    spans[name.strip()] = int(size)
+  if int(np.prod(list(spans.values()))) != num_slices:
+    raise ValueError(f"config.dcn_mesh={spec!r} spans {int(np.prod(list(spans.values())))} "
+                     f"slice(s), but the devices are on {num_slices}"
+                     + (f"; set --config.dcn_mesh=data:{num_slices} (data parallel across "
+                        "slices)" if not spec else ""))
+  for name, slices in spans.items():
+    if mesh_axes[name] % slices:
+      raise ValueError(f"config.dcn_mesh={spec!r}: the mesh's {name} axis ({mesh_axes[name]} "
+                       f"devices) does not split into {slices} slices")
+  return spans
+
+
+def make_mesh(spec: str, devices=None, dcn_spec: str = "") -> Mesh:
+  """The mesh of config.mesh (`spec`) over `devices` (default: all), laid out along the
+  hardware's links: on a TPU slice, mesh_utils.create_device_mesh maps each axis onto the
+  torus's rings (splitting a physical axis where needed); on CPUs and GPUs it keeps the
+  devices' order (on CPU exactly the plain reshape of jax.devices()). Devices of several
+  slices (multislice, joined by the data-center network) need config.dcn_mesh (`dcn_spec`,
+  e.g. "data:2"): create_hybrid_device_mesh puts those axes across slices, the rest within
+  each slice's ICI."""
+  devices = jax.devices() if devices is None else list(devices)
   axes = parse_mesh(spec, len(devices))
-  return Mesh(np.asarray(devices).reshape(tuple(axes.values())), tuple(axes))
+  num_slices = len({getattr(d, "slice_index", 0) for d in devices})
+  spans = parse_dcn_mesh(dcn_spec, axes, num_slices)
+  if num_slices == 1:
+    grid = mesh_utils.create_device_mesh(tuple(axes.values()), devices,
+                                         allow_split_physical_axes=True)
+  else:
+    grid = mesh_utils.create_hybrid_device_mesh(
+        tuple(axes[name] // spans[name] for name in axes), tuple(spans.values()), devices,
+        allow_split_physical_axes=True)
+  return Mesh(grid, tuple(axes))
+
+
+def data_parallel_mesh(devices=None) -> Mesh:
+  """Every device (default: of every process) on one `data` axis, across slices too: the mesh
+  that decodes (translator.py), each device taking its share of a batch's rows."""
+  devices = jax.devices() if devices is None else list(devices)
+  slices = len({getattr(d, "slice_index", 0) for d in devices})
+  return make_mesh("data:-1", devices, f"data:{slices}" if slices > 1 else "")
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -25,7 +25,8 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "decode_extra_length", "decode_batch_size", "average_last_checkpoints",
     "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
     "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches",
-    "compilation_cache_dir", "host_local_batches"})
+    "compilation_cache_dir", "host_local_batches",
+    "dcn_mesh"})  # dcn_mesh: where devices sit, not what they do
 # Fields that earlier versions saved and that no longer exist (they were never read): a run
 # that saved them resumes without a conflict.
 REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer"})
@@ -149,8 +150,8 @@ def evaluate_loss(eval_fn, params, batches, input_rows) -> dict:
 def evaluate_translations(translator, params, sources, references, task) -> dict:
   """The task's metrics of greedy-decoded validation sentences: BLEU (sacreBLEU) and exact
   match (the toy task's metric) for translation, EVALB F1 for parsing (tasks.py).
-  The translator places the parameters on one device of each process (once, not per batch),
-  and the processes share the sentences out (translator.py)."""
+  The translator places the parameters whole on every device (once, not per batch) and splits
+  each batch's rows over all of them (translator.py)."""
   translator.params = params
   return task.validation_metrics(sources, translator.translate(sources), references)
 
@@ -229,7 +230,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
 def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
   workdir = str(paths.workdir_path(workdir))  # a local folder or gs://bucket/run
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = sharding.make_mesh(config.mesh, dcn_spec=config.dcn_mesh)
   input_rows = InputRows(mesh, config.host_local_batches)
   logging.info("devices: %s; mesh: %s", jax.devices(), dict(mesh.shape))
 

@@ -1,11 +1,14 @@
 """Translating lists of sentences with a trained model: the bridge between the model's cached
 decoding, the model-agnostic search in `decoding.py`, and the vocabulary.
 
-Sentences are decoded in batches sorted by source length and put back in input order, on this
-process's first device, where the parameters are placed once. With several processes (a pod
-slice), each decodes its share of the batches and every process gets all the translations. No
-sentence is dropped: an empty line translates to an empty line, and sources are padded to a
-few fixed lengths (multiples of `LENGTH_QUANTUM`) so a test set compiles only a few shapes.
+Sentences are decoded in batches sorted by source length and put back in input order,
+data-parallel over every device of every process (a pod slice, several GPU hosts): the
+parameters are placed once, whole on each device, and each batch's rows are split over the
+devices, the batch padded with empty rows to a multiple of them (rows are decoded
+independently: the translations are those of one device). Every process takes part in every
+batch, and every process gets all the translations. No sentence is dropped: an empty line
+translates to an empty line, and sources are padded to a few fixed lengths (multiples of
+`LENGTH_QUANTUM`) so a test set compiles only a few shapes.
 """
 import time
 from collections.abc import Callable
@@ -17,7 +20,7 @@ from absl import logging
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
-from aiayn_flax import decoding, model as model_lib, process_zero
+from aiayn_flax import decoding, model as model_lib, sharding
 from aiayn_flax.data import vocabulary
 
 LENGTH_QUANTUM = 16
@@ -109,16 +112,18 @@ class Translator:
   Batches hold at most `batch_size` sentences and, with `max_tokens`, at most that many padded
   source tokens. `num_results` = n makes `translate_nbest` available (the n best of the beam,
   with their scores) instead of `translate`. `constraint_for`: see make_decode_fn (a
-  task's `decoding_constraint`).
+  task's `decoding_constraint`). `mesh`: the devices that decode, all on its `data` axis
+  (default: every device of every process, sharding.data_parallel_mesh).
   """
 
   def __init__(self, model, params, vocab, *, beam_size: int = 1, alpha: float = 0.6,
                extra_length: int = 50, batch_size: int = 64, max_positions: int | None = None,
                max_tokens: int = 0, num_results: int | None = None,
-               constraint_for=None):
+               constraint_for=None, mesh=None):
     if num_results is not None and not 1 <= num_results <= beam_size:
       raise ValueError(f"--nbest={num_results}: must lie in [1, beam size {beam_size}]")
-    self.params, self.vocab = params, vocab  # params: placed on a device once (the setter)
+    self.mesh = sharding.data_parallel_mesh() if mesh is None else mesh
+    self.params, self.vocab = params, vocab  # params: placed on the mesh once (the setter)
     self.batch_size, self.max_tokens = batch_size, max_tokens
     self.max_positions = max_positions
     self.num_results = num_results
@@ -132,7 +137,7 @@ class Translator:
 
   @params.setter
   def params(self, params):
-    self._params = None if params is None else on_one_device(params)
+    self._params = None if params is None else replicated_on(self.mesh, params)
 
   def translate(self, sentences: list[str], progress_every: int = 0) -> list[str]:
     """Translations in input order, one per sentence (empty in, empty out)."""
@@ -164,28 +169,24 @@ class Translator:
         raise ValueError(f"{too_long} sentences are too long for the model's {self.max_positions} "
                          "learned positions (input + decode_extra_length)")
     order = sorted((i for i, ids in enumerate(source_ids) if ids), key=lambda i: len(source_ids[i]))
-    # With several processes each decodes every P-th batch of the same list, so that a batch
-    # is decoded as it would be by one process alone, then all of them share the results.
-    batches = self._batches(order, source_ids)
-    mine = batches[jax.process_index()::jax.process_count()]
-    total = sum(len(chunk) for chunk, _ in mine)
-    results, start_time = {}, time.time()
-    for chunk, inputs in mine:
-      decoded = jax.tree.map(np.asarray, self._decode(self.params, inputs))
+    # Every process builds the same batches from the same list and places its devices' rows;
+    # each batch is decoded by all the devices together and read whole by every process.
+    rows_sharding = sharding.batch_sharding(self.mesh)
+    total, done, start_time = len(order), 0, time.time()
+    outputs = [empty_result] * len(sentences)
+    for chunk, inputs in self._batches(order, source_ids):
+      inputs = jax.make_array_from_callback(inputs.shape, rows_sharding,
+                                            lambda index, inputs=inputs: inputs[index])
+      decoded = whole_on_every_process(self._decode(self.params, inputs))
       for row, i in enumerate(chunk):
-        results[i] = result_of_row(row, decoded)
-      done = len(results)
+        outputs[i] = result_of_row(row, decoded)
+      done += len(chunk)
       if progress_every and (done // progress_every > (done - len(chunk)) // progress_every
                              or done == total):
         elapsed = time.time() - start_time
-        logging.info("decoded %d/%d sentences%s (%.1f sentences/s, ETA %.0fs)", done, total,
-                     f" on process {jax.process_index()} of {jax.process_count()}"
-                     if jax.process_count() > 1 else "",
-                     done / elapsed, (total - done) * elapsed / done)
-    outputs = [empty_result] * len(sentences)
-    for part in process_zero.gathered(list(results.items())):
-      for i, result in part:
-        outputs[i] = result
+        logging.info("decoded %d/%d sentences (%.1f sentences/s on %d device(s), ETA %.0fs)",
+                     done, total, done / elapsed, self.mesh.size,
+                     (total - done) * elapsed / done)
     return outputs
 
   def _batches(self, order: list[int], source_ids: list[list[int]]) -> list:
@@ -198,7 +199,10 @@ class Translator:
       rows = batch_rows(len(chunk), padded_source_length(len(source_ids[chunk[-1]])),
                         self.batch_size, self.max_tokens)
       chunk = chunk[:rows]
-      inputs = np.zeros((rows, padded_source_length(len(source_ids[chunk[-1]]))), np.int32)
+      # Empty rows up to a multiple of the data devices: each device decodes as many rows.
+      devices = sharding.data_parallel_size(self.mesh)
+      inputs = np.zeros((-(-rows // devices) * devices,
+                         padded_source_length(len(source_ids[chunk[-1]]))), np.int32)
       for row, i in enumerate(chunk):
         inputs[row, :len(source_ids[i])] = source_ids[i]
       batches.append((chunk, inputs))
@@ -206,14 +210,28 @@ class Translator:
     return batches
 
 
-def on_one_device(params):
-  """The parameters on this process's first device, placed once for every batch to read (a
-  jitted call given host arrays copies them to the device at every call: 850 MB for big).
-  Arrays spread over other hosts' devices (training on several hosts) are gathered first."""
+def replicated_on(mesh, params):
+  """The parameters whole on every device of the mesh, placed once for every batch to read (a
+  jitted call given host arrays copies them to the devices at every call: 850 MB for big).
+  Replicated rather than as training shards them: the paper's models fit one device (big's
+  parameters are 0.85 GB in f32), and parameters split over `data` (FSDP) or `model` would be
+  gathered or reduced over the devices at every one of a decoding's ~100 steps. Arrays spread
+  over other hosts' devices (training on several hosts) are gathered first."""
   if any(isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
          for leaf in jax.tree.leaves(params)):
     params = multihost_utils.process_allgather(params, tiled=True)
-  return jax.device_put(params, jax.local_devices()[0])
+  everywhere = sharding.replicated(mesh)
+  if jax.process_count() == 1:
+    return jax.device_put(params, everywhere)
+  return jax.tree.map(lambda x: jax.make_array_from_callback(
+      np.shape(x), everywhere, lambda index: np.asarray(x)[index]), params)
+
+
+def whole_on_every_process(decoded):
+  """Numpy copies of a decoding's outputs (rows split over the mesh), whole on every process."""
+  if jax.process_count() == 1:
+    return jax.tree.map(np.asarray, decoded)
+  return jax.tree.map(np.asarray, multihost_utils.process_allgather(decoded, tiled=True))
 
 
 def padded_source_length(length: int) -> int:

@@ -1,7 +1,7 @@
 """Decoding speed of a trained run: sentences/s and target tokens/s, greedy and beam 4.
 
   python bench/decode_speed.py --workdir=runs/multi30k [--batch_sizes=64] [--max_sentences=0]
-      [--repeats=3]
+      [--repeats=3] [--devices=8]
 
 For each test set (Multi30k test2016, and newstest2014's English source when the data folder
 has it) and each batch size, translates the whole set once with greedy search and once with
@@ -9,17 +9,29 @@ beam 4 to compile, then times `repeats` pairs of passes, greedy and beam 4 alter
 machine's speed drifts by 20-30% over minutes, so the two are compared pass by pass). Prints
 one line per (test set, batch size, beam) with the median pass, and the beam-4 / greedy time
 ratio: the median of the pairs' ratios.
+
+--devices=N (N simulated CPU devices, or the accelerators there are) compares, in the same
+process and pass by pass, decoding data-parallel over all the devices with decoding on one
+(the translator over a one-device mesh), for each beam size: the speed-up is the median of the
+pairs' time ratios, and both must give the same translations. Simulated CPU devices share the
+host's cores, so on CPU this measures what splitting a batch costs or saves, not what 8
+accelerators would gain.
 """
 import os
 import statistics
 import sys
 import time
 
+# XLA reads the number of simulated CPU devices when jax starts: before any import of jax.
+_DEVICES = next((int(arg.split("=", 1)[1]) for arg in sys.argv if arg.startswith("--devices=")), 1)
+if _DEVICES > 1:
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_force_host_platform_device_count={_DEVICES}")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from aiayn_flax import run_dir  # noqa: E402
+from aiayn_flax import run_dir, sharding  # noqa: E402
 from aiayn_flax.translator import Translator  # noqa: E402
 
 flags.DEFINE_string("workdir", "runs/multi30k", "A trained run.")
@@ -27,6 +39,8 @@ flags.DEFINE_list("batch_sizes", ["64"], "Decoding batch sizes to time.")
 flags.DEFINE_list("testsets", ["multi30k/test2016", "wmt14"], "Test sets (evaluate.py names).")
 flags.DEFINE_integer("max_sentences", 0, "Use only the first N sentences of each set (0: all).")
 flags.DEFINE_integer("repeats", 3, "Timed pairs of passes (greedy, beam 4) per batch size.")
+flags.DEFINE_integer("devices", 1, "Above 1: also time decoding over this many devices against "
+                     "one (simulated CPU devices when there are no accelerators).")
 FLAGS = flags.FLAGS
 BEAM_SIZES = (1, 4)
 
@@ -37,8 +51,37 @@ def timed_translation(translator, sentences) -> tuple[float, list[str]]:
   return time.perf_counter() - start, outputs
 
 
+def compare_devices(config, model, params, vocab, sources, batch_size) -> None:
+  """Decoding over every device against one device, pass by pass, for each beam size."""
+  import jax
+  meshes = {"1 device": sharding.data_parallel_mesh(jax.devices()[:1]),
+            f"{jax.device_count()} devices": sharding.data_parallel_mesh()}
+  for beam_size in BEAM_SIZES:
+    translators = {name: Translator(model, params, vocab, beam_size=beam_size,
+                                    alpha=config.length_penalty_alpha,
+                                    extra_length=config.decode_extra_length,
+                                    batch_size=batch_size, mesh=mesh)
+                   for name, mesh in meshes.items()}
+    outputs = {name: t.translate(sources) for name, t in translators.items()}  # compiles
+    if len(set(map(tuple, outputs.values()))) != 1:
+      raise RuntimeError(f"beam {beam_size}: the devices translated differently")
+    seconds = {name: [] for name in meshes}
+    for _ in range(FLAGS.repeats):
+      for name, translator in translators.items():
+        seconds[name].append(timed_translation(translator, sources)[0])
+    one, many = seconds.values()
+    ratios = [a / b for a, b in zip(one, many)]
+    print(f"batch={batch_size} beam={beam_size}: {len(sources)} sentences, "
+          + ", ".join(f"{name} {statistics.median(times):.1f}s" for name, times in seconds.items())
+          + f"; speed-up {statistics.median(ratios):.2f} "
+          f"(median of {' '.join(f'{r:.2f}' for r in ratios)}), the same translations")
+
+
 def main(argv):
   del argv
+  import jax
+  if FLAGS.devices > 1 and jax.device_count() != FLAGS.devices:
+    raise SystemExit(f"--devices={FLAGS.devices}: jax has {jax.device_count()} devices")
   config = run_dir.load_config(FLAGS.workdir)
   model, params, steps = run_dir.load_model_and_params(FLAGS.workdir, config, 1)
   vocab = run_dir.load_vocabulary(FLAGS.workdir, config)
@@ -51,6 +94,10 @@ def main(argv):
       continue
     sources = sources[:FLAGS.max_sentences or None]
     for batch_size in map(int, FLAGS.batch_sizes):
+      if FLAGS.devices > 1:
+        print(f"{testset}: decoding over {jax.device_count()} devices against 1")
+        compare_devices(config, model, params, vocab, sources, batch_size)
+        continue
       translators = {beam_size: Translator(
           model, params, vocab, beam_size=beam_size, alpha=config.length_penalty_alpha,
           extra_length=config.decode_extra_length, batch_size=batch_size)

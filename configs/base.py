@@ -121,6 +121,10 @@ def get_config(row: str = ""):
   c.decode_batch_size = 64
 
   c.mesh = "data:-1"  # mesh axes and sizes, e.g. "data:4,model:2"; -1: the remaining devices
+  # Multislice (TPU slices joined by the data-center network, DCN): how many slices each mesh
+  # axis spans, e.g. "data:2" (data parallel across 2 slices, config.mesh's sizes being the
+  # whole run's); "": one slice. Only the gradient all-reduce then crosses the slower DCN.
+  c.dcn_mesh = ""
   c.fsdp = False  # also shard every parameter's d_model axis over `data`
   # Gradient accumulation: each device processes at most this many tokens per side per
   # micro-batch (0: the whole batch at once); the number of micro-batches per optimizer step

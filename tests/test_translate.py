@@ -123,15 +123,15 @@ def test_token_budgeted_batches_translate_as_full_batches(toy_run, beam_size):
   assert len(set(translations)) > len(sentences) // 2  # not one answer for every sentence
 
 
-def test_the_parameters_are_placed_on_one_device_once(toy_run):
+def test_the_parameters_are_placed_on_every_device_once(toy_run):
   # Host arrays (as a checkpoint reads them) given to a jitted call would be copied to the
-  # device at every batch; the translator places them once.
+  # devices at every batch; the translator places them once, whole on each decoding device.
   config, workdir, _ = toy_run
   model, params, _ = run_dir.load_model_and_params(workdir, config)
   vocab = run_dir.load_vocabulary(workdir, config)
   translator = Translator(model, jax.device_get(params), vocab)
-  device = jax.local_devices()[0]
-  assert all(isinstance(leaf, jax.Array) and leaf.devices() == {device}
+  assert all(isinstance(leaf, jax.Array) and leaf.devices() == set(jax.devices())
+             and leaf.sharding.is_fully_replicated
              for leaf in jax.tree.leaves(translator.params))
   lines = ["5 6 7 8", "9 10 11 12 13", ""]
   assert translator.translate(lines) == Translator(model, params, vocab).translate(lines)

@@ -1,0 +1,77 @@
+"""Run by test_decoding.py in a process with 8 simulated CPU devices: the Translator decoding
+data-parallel over the 8 (each batch's rows split, padded with empty rows to a multiple of 8)
+gives exactly the translations and n-best scores of a Translator on one device, greedy and
+beam 4, with batches that 8 does not divide."""
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8"
+                           " --xla_cpu_collective_call_terminate_timeout_seconds=120")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from aiayn_flax import sharding, train_step  # noqa: E402
+from aiayn_flax.data import toy  # noqa: E402
+from aiayn_flax.translator import Translator  # noqa: E402
+from configs import toy as toy_config  # noqa: E402
+
+
+def main():
+  assert jax.device_count() == 8, jax.devices()
+  config = toy_config.get_config()
+  model = train_step.make_model(config)
+  # Random parameters, with the embeddings of PAD, UNK and BOS zeroed (the output projection
+  # is the shared embedding): the translations are symbols, up to EOS or the length limit.
+  params = train_step.init_params(model, 0)
+  embedding = params["shared_embedding"]["embedding"]
+  params["shared_embedding"]["embedding"] = embedding.at[np.array([0, 2, 3])].set(0.0)
+  vocab = toy.SymbolVocabulary(config.model.vocab_size)
+  rng = np.random.default_rng(0)
+  # 13 sentences of 1 to 20 symbols and 2 empty ones: batches of 5, 5 and 3 (batch_size 5),
+  # padded to 8 rows on 8 devices; a 20-symbol source pads to 32 tokens.
+  sentences = [" ".join(map(str, rng.integers(4, 20, rng.integers(1, 21)))) for _ in range(13)]
+  sentences[4:4] = ["", "  "]
+  eight = sharding.data_parallel_mesh()
+  one = sharding.data_parallel_mesh(jax.devices()[:1])
+  assert eight.shape == {"data": 8} and one.shape == {"data": 1}
+  # On CPU the mesh keeps the devices' order (what the multi-device tests compare relies on
+  # it): mesh_utils reorders TPU chips along their torus, never CPU devices.
+  assert list(eight.devices.flat) == jax.devices()
+  assert list(sharding.make_mesh("data:4,model:2").devices.flat) == jax.devices()
+  for beam_size in (1, 4):
+    kwargs = dict(beam_size=beam_size, extra_length=10, batch_size=5, num_results=beam_size)
+    on_one = Translator(model, params, vocab, mesh=one, **kwargs).translate_nbest(sentences)
+    translator = Translator(model, params, vocab, mesh=eight, **kwargs)
+    assert all(leaf.sharding.is_fully_replicated and len(leaf.devices()) == 8
+               for leaf in jax.tree.leaves(translator.params))  # whole on each, placed once
+    calls, decode = [], translator._decode
+
+    def recording_decode(params, inputs):
+      calls.append((inputs.shape, inputs.sharding.spec, {s.data.shape for s in
+                                                         inputs.addressable_shards}))
+      return decode(params, inputs)
+    translator._decode = recording_decode
+    on_eight = translator.translate_nbest(sentences)
+    # Batches of 5, 5 and 3 sentences (5, 5 and 4 rows on one device), each padded to 8 rows:
+    # one per device.
+    assert [(shape[0], spec, shards) for shape, spec, shards in calls] == [
+        (8, P("data"), {(1, shape[1])}) for shape, _, _ in calls] and len(calls) == 3, calls
+    # The same translations; scores within float rounding (XLA's CPU kernels for 1 row per
+    # device and for 5 rows sum in other orders: 1e-6 apart).
+    assert [[text for text, _ in nbest] for nbest in on_eight] == [
+        [text for text, _ in nbest] for nbest in on_one], (beam_size, on_one, on_eight)
+    np.testing.assert_allclose([score for nbest in on_eight for _, score in nbest],
+                               [score for nbest in on_one for _, score in nbest], rtol=1e-5)
+    assert on_eight[4] == on_eight[5] == [] and all(on_eight[i] for i in range(4))
+    words = sum(len(text.split()) for nbest in on_eight for text, _ in nbest)
+    print(f"beam {beam_size}: {len(sentences)} sentences, the same {beam_size}-best lists "
+          f"({words} symbols)")
+  print("OK")
+
+
+if __name__ == "__main__":
+  main()

@@ -65,18 +65,20 @@ quickstart: $(VENV)/installed-run-$(ACCELERATOR)
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016 --beam_size=1 --average_last=1
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016
 
-# Two pytest workers (pytest-xdist), one test file each at a time: a file's module fixtures
-# are built once. One process kept 1.15 of 2 cores busy; two ran the suite in 19 min, not 28.
+# pytest-xdist, one test file per worker at a time (--dist loadfile): a file's module fixtures
+# are built once. `-n auto` starts one worker per core; TEST_WORKERS=2 (or any number) says
+# otherwise. TESTS narrows the run to some files (TESTS=tests/test_model.py).
 # The tests run on the CPU whatever the host has (conftest.py sets JAX_PLATFORMS=cpu too).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= auto
+TESTS ?= tests
 
 test: $(VENV)/installed-test
-	JAX_PLATFORMS=cpu $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=20
+	JAX_PLATFORMS=cpu $(PY) -m pytest $(TESTS) -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 # The tests not marked slow (no training, no subprocess, no compiling for an accelerator):
-# a few minutes on 2 cores; `make test` runs them all (README, "Running tests").
+# a few minutes on 2 cores; `make test` runs them all (docs/TESTS.md).
 test-fast: $(VENV)/installed-test
-	JAX_PLATFORMS=cpu $(PY) -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=10
+	JAX_PLATFORMS=cpu $(PY) -m pytest $(TESTS) -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 clean:
 	rm -rf $(VENV)

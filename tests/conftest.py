@@ -61,19 +61,31 @@ def evalb_dir() -> pathlib.Path:
   return public_data.fetch_evalb()  # fetched by pytest_configure already; compiled there
 
 
+_data_source = "data: not needed (-m 'not needs_data')"
+
+
 def prepare_data(markexpr: str) -> None:
   """Sets AIAYN_DATA_DIR for this process and the pytest workers and subprocesses it starts:
   as set, else ../shared/data, else the cache, where the public originals are fetched once
   (with EVALB) unless the run deselects the tests that read them. Stops the session in one
-  line when they cannot be fetched."""
-  if os.environ.get("AIAYN_DATA_DIR") or "not needs_data" in markexpr:
+  line when they cannot be fetched. The session's header says which folder it is."""
+  global _data_source
+  if os.environ.get("AIAYN_DATA_DIR"):
+    _data_source = f"data: {os.environ['AIAYN_DATA_DIR']} (AIAYN_DATA_DIR)"
+    return
+  if "not needs_data" in markexpr:
     return
   if (SHARED / "data").is_dir():
     os.environ["AIAYN_DATA_DIR"] = str(SHARED / "data")
+    _data_source = f"data: {SHARED / 'data'} (beside the clone)"
     return
   from aiayn_flax import public_data
+  folder = public_data.cache_dir()
+  files = [*public_data.TEST_DATA,
+           *(public_data.EVALB if not (SHARED / "tools" / "evalb").is_dir() else [])]
+  missing = [f for f in files if not (folder / f.path).exists()]
   try:
-    folder = public_data.fetch_all(public_data.TEST_DATA)
+    public_data.fetch_all(public_data.TEST_DATA, folder)
     if not (SHARED / "tools" / "evalb").is_dir():
       public_data.fetch_evalb(folder)
   except public_data.DownloadError as e:
@@ -82,6 +94,13 @@ def prepare_data(markexpr: str) -> None:
         f"shared/data, or {public_data.BASE_URL_VARIABLE} to a mirror, or deselect those tests "
         "with -m 'not needs_data' (docs/TESTS.md)") from None
   os.environ["AIAYN_DATA_DIR"] = str(folder)
+  source = missing[0].url.rsplit(missing[0].source, 1)[0] if missing else ""
+  _data_source = (f"data: {folder} (downloaded {len(missing)} of {len(files)} files from "
+                  f"{source})" if missing else f"data: {folder} (cached, {len(files)} files)")
+
+
+def pytest_report_header():
+  return _data_source
 
 
 @contextlib.contextmanager

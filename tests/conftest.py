@@ -68,7 +68,7 @@ def prepare_data(markexpr: str) -> None:
   """Sets AIAYN_DATA_DIR for this process and the pytest workers and subprocesses it starts:
   as set, else ../shared/data, else the cache, where the public originals are fetched once
   (with EVALB) unless the run deselects the tests that read them. Stops the session in one
-  line when they cannot be fetched. The session's header says which folder it is."""
+  line when they cannot be fetched. The session's first line says which folder it is."""
   global _data_source
   if os.environ.get("AIAYN_DATA_DIR"):
     _data_source = f"data: {os.environ['AIAYN_DATA_DIR']} (AIAYN_DATA_DIR)"
@@ -99,8 +99,11 @@ def prepare_data(markexpr: str) -> None:
                   f"{source})" if missing else f"data: {folder} (cached, {len(files)} files)")
 
 
-def pytest_report_header():
-  return _data_source
+def pytest_sessionstart(session):
+  """Says which data folder the session reads, even under -q (the header is not shown)."""
+  reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+  if reporter and not hasattr(session.config, "workerinput"):
+    reporter.write_line(_data_source)
 
 
 @contextlib.contextmanager

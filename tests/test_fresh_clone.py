@@ -82,7 +82,7 @@ def test_make_test_in_a_fresh_clone_downloads_the_data_once_and_offline_stops_in
   env["XDG_CACHE_HOME"] = str(tmp_path / "empty_cache")
   offline, _ = make_test_fast()
   assert offline.returncode == 2, offline.stderr[-3000:]  # make's status: pytest said 4
-  ours = [line for line in offline.stderr.splitlines() if not line.startswith("make: ***")]
+  ours = [line for line in offline.stderr.splitlines() if line and not line.startswith("make: ***")]
   print(*ours, sep="\n")
   assert len(ours) == 1 and ours[0].startswith(
       "ERROR: the tests need real data: could not download multi30k/train.en.gz from "

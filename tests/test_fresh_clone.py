@@ -39,7 +39,8 @@ def fresh_clone(tmp_path) -> tuple[pathlib.Path, dict]:
 
 # A few needs-data tests that read every kind of file fetched (Multi30k, newstest2014, the
 # system outputs, the treebank sample, EVALB), in seconds.
-DATA_TESTS = ("tests/test_scoring.py::test_multi30k_tokenization_reproduces_the_published_tokenized_files "
+DATA_TESTS = ("tests/test_scoring.py::"
+              "test_multi30k_tokenization_reproduces_the_published_tokenized_files "
               "tests/test_scoring.py::test_tokenized_bleu_matches_tensorflow_nmt_on_bpe_reference "
               "tests/test_scoring.py::test_opusmt_sacrebleu_matches_its_published_score "
               "tests/test_evalb.py")
@@ -82,7 +83,8 @@ def test_make_test_in_a_fresh_clone_downloads_the_data_once_and_offline_stops_in
   env["XDG_CACHE_HOME"] = str(tmp_path / "empty_cache")
   offline, _ = make_test_fast()
   assert offline.returncode == 2, offline.stderr[-3000:]  # make's status: pytest said 4
-  ours = [line for line in offline.stderr.splitlines() if line and not line.startswith("make: ***")]
+  ours = [line for line in offline.stderr.splitlines()
+          if line and not line.startswith("make: ***")]
   print(*ours, sep="\n")
   assert len(ours) == 1 and ours[0].startswith(
       "ERROR: the tests need real data: could not download multi30k/train.en.gz from "

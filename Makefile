@@ -1,5 +1,5 @@
 # Every target creates .venv and installs the project first, so a fresh clone needs only
-# Python >= 3.11 (README, "Install"). The install takes the exact versions tested from
+# Python >= 3.11 (docs/INSTALL.md). The install takes the exact versions tested from
 # requirements.lock.
 #
 # `make quickstart` trains on the accelerator when the host has one, and installs only what
@@ -42,7 +42,7 @@ endif
 # jax 0.10.2 needs Python >= 3.11; Ubuntu 22.04 (TPU VM images among them) ships 3.10.
 $(VENV)/bin/python:
 	@v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); \
-	case "$$v" in 3.1[1-9]|3.[2-9][0-9]) ;; *) echo "make: $(PYTHON) is Python $${v:-(not found)}; aiayn_flax needs Python >= 3.11: make PYTHON=python3.11, or get one with uv (curl -LsSf https://astral.sh/uv/install.sh | sh; uv python install 3.11; make PYTHON=\$$(uv python find 3.11)), README \"Install\"" >&2; exit 1;; esac
+	case "$$v" in 3.1[1-9]|3.[2-9][0-9]) ;; *) echo "make: $(PYTHON) is Python $${v:-(not found)}; aiayn_flax needs Python >= 3.11: make PYTHON=python3.11, or get one with uv (curl -LsSf https://astral.sh/uv/install.sh | sh; uv python install 3.11; make PYTHON=\$$(uv python find 3.11)), docs/INSTALL.md" >&2; exit 1;; esac
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 

@@ -3,7 +3,7 @@
   python evaluate.py --workdir=runs/base       # the run's test split: newstest2014 for WMT14
   python evaluate.py --workdir=runs/multi30k --testset=multi30k/test2016
   python evaluate.py --workdir=runs/base --testset=wmt14 --beam_size=4 --average_last=5
-  python evaluate.py --workdir=runs/base --step=60000 --average_last=5   # steps 40000-60000
+  python evaluate.py --workdir=runs/multi30k --step=3000 --average_last=3   # 2600, 2800, 3000
   python evaluate.py --workdir=DIR --src_file=my.en --ref_file=my.de
   python evaluate.py --hyp_file=out.de --ref_file=ref.de        # score only, no model
 

@@ -7,7 +7,7 @@ are selectable by name: `--config=configs/base.py:B16` (see `TABLE3_ROWS`).
 import ml_collections
 
 # Table 3 rows: name -> overrides of the base model (and label smoothing for row D).
-# Paper's parameter counts (x10^6) are in the trailing comments, for the README's table.
+# Paper's parameter counts (x10^6) are in the trailing comments, for docs/TRAIN.md's table.
 TABLE3_ROWS = {
     "A1": dict(num_heads=1, qk_dim=512, v_dim=512),  # 65M
     "A4": dict(num_heads=4, qk_dim=128, v_dim=128),  # 65M

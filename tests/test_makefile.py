@@ -49,7 +49,7 @@ def test_make_refuses_a_python_older_than_3_11_in_one_line(tmp_path):
   assert ours == [f"make: {python310} is Python 3.10; aiayn_flax needs Python >= 3.11: make "
                   "PYTHON=python3.11, or get one with uv (curl -LsSf "
                   "https://astral.sh/uv/install.sh | sh; uv python install 3.11; make "
-                  "PYTHON=$(uv python find 3.11)), README \"Install\""]
+                  "PYTHON=$(uv python find 3.11)), docs/INSTALL.md"]
   assert not venv.exists()
 
 

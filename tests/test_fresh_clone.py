@@ -28,11 +28,13 @@ def closed_loopback_port():
 
 def fresh_clone(tmp_path) -> tuple[pathlib.Path, dict]:
   """(clone, environment): a clone of HEAD with no ../shared beside it, and this process's
-  environment without AIAYN_DATA_DIR, proxies, make's or pytest's own variables."""
+  environment without the data folder, a download mirror or cache, proxies, make's or pytest's
+  own variables."""
   clone = tmp_path / "aiayn_flax"
   subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
   env = {k: v for k, v in os.environ.items()
-         if k != "AIAYN_DATA_DIR" and not k.lower().endswith("_proxy")
+         if k not in ("AIAYN_DATA_DIR", "AIAYN_DOWNLOAD_BASE_URL", "XDG_CACHE_HOME")
+         and not k.lower().endswith("_proxy")
          and k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL") and not k.startswith("PYTEST_")}
   return clone, env
 

@@ -70,6 +70,7 @@ def test_evalb_is_fetched_and_compiled_into_the_cache(shared_data, evalb_dir, ca
 
 
 def test_multi30k_downloads_from_the_mirror_that_the_base_url_names(monkeypatch):
+  monkeypatch.delenv(public_data.BASE_URL_VARIABLE, raising=False)
   assert multi30k.split_urls("test2016")["de"] == (
       "https://raw.githubusercontent.com/multi30k/dataset/"
       "a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/test_2016_flickr.de.gz")

@@ -15,7 +15,10 @@ from conftest import public_mirror
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-  """An empty cache folder ($XDG_CACHE_HOME/aiayn_flax)."""
+  """An empty cache folder ($XDG_CACHE_HOME/aiayn_flax), and no proxy between the downloads
+  and the loopback server (nor a ProxyError instead of the refused connection)."""
+  for variable in [k for k in os.environ if k.lower().endswith("_proxy")]:
+    monkeypatch.delenv(variable)
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg_cache"))
   return tmp_path / "xdg_cache" / "aiayn_flax"
 

@@ -1,5 +1,5 @@
 # Every target creates .venv and installs the project first, so a fresh clone needs only
-# Python >= 3.11 (README, "Install"). The install takes the exact versions tested from
+# Python >= 3.11 (docs/INSTALL.md). The install takes the exact versions tested from
 # requirements.lock.
 #
 # `make quickstart` trains on the accelerator when the host has one, and installs only what
@@ -42,7 +42,7 @@ endif
 # jax 0.10.2 needs Python >= 3.11; Ubuntu 22.04 (TPU VM images among them) ships 3.10.
 $(VENV)/bin/python:
 	@v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); \
-	case "$$v" in 3.1[1-9]|3.[2-9][0-9]) ;; *) echo "make: $(PYTHON) is Python $${v:-(not found)}; aiayn_flax needs Python >= 3.11: make PYTHON=python3.11, or get one with uv (curl -LsSf https://astral.sh/uv/install.sh | sh; uv python install 3.11; make PYTHON=\$$(uv python find 3.11)), README \"Install\"" >&2; exit 1;; esac
+	case "$$v" in 3.1[1-9]|3.[2-9][0-9]) ;; *) echo "make: $(PYTHON) is Python $${v:-(not found)}; aiayn_flax needs Python >= 3.11: make PYTHON=python3.11, or get one with uv (curl -LsSf https://astral.sh/uv/install.sh | sh; uv python install 3.11; make PYTHON=\$$(uv python find 3.11)), docs/INSTALL.md" >&2; exit 1;; esac
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
@@ -65,18 +65,20 @@ quickstart: $(VENV)/installed-run-$(ACCELERATOR)
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016 --beam_size=1 --average_last=1
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016
 
-# Two pytest workers (pytest-xdist), one test file each at a time: a file's module fixtures
-# are built once. One process kept 1.15 of 2 cores busy; two ran the suite in 19 min, not 28.
+# pytest-xdist, one test file per worker at a time (--dist loadfile): a file's module fixtures
+# are built once. `-n auto` starts one worker per core; TEST_WORKERS=2 (or any number) says
+# otherwise. TESTS narrows the run to some files (TESTS=tests/test_model.py).
 # The tests run on the CPU whatever the host has (conftest.py sets JAX_PLATFORMS=cpu too).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= auto
+TESTS ?= tests
 
 test: $(VENV)/installed-test
-	JAX_PLATFORMS=cpu $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=20
+	JAX_PLATFORMS=cpu $(PY) -m pytest $(TESTS) -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 # The tests not marked slow (no training, no subprocess, no compiling for an accelerator):
-# a few minutes on 2 cores; `make test` runs them all (README, "Running tests").
+# a few minutes on 2 cores; `make test` runs them all (docs/TESTS.md).
 test-fast: $(VENV)/installed-test
-	JAX_PLATFORMS=cpu $(PY) -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=10
+	JAX_PLATFORMS=cpu $(PY) -m pytest $(TESTS) -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 clean:
 	rm -rf $(VENV)

@@ -3,13 +3,14 @@
   python evaluate.py --workdir=runs/base       # the run's test split: newstest2014 for WMT14
   python evaluate.py --workdir=runs/multi30k --testset=multi30k/test2016
   python evaluate.py --workdir=runs/base --testset=wmt14 --beam_size=4 --average_last=5
+  python evaluate.py --workdir=runs/multi30k --step=3000 --average_last=3   # 2600, 2800, 3000
   python evaluate.py --workdir=DIR --src_file=my.en --ref_file=my.de
   python evaluate.py --hyp_file=out.de --ref_file=ref.de        # score only, no model
 
 Prints sacreBLEU (cased, 13a, with its signature), chrF, and the paper's tokenized BLEU
 (Moses tokenization + compound splitting); on Multi30k, also the lowercased tokenized BLEU
 that the Multi30k literature reports. Writes the detokenized hypotheses and a JSON file
-of the scores.
+of the scores, which names the checkpoint steps used (`checkpoint_steps`).
 
 On a pod slice or several GPU hosts, run it on every worker, as train.py: the processes join
 (jax.distributed), process 0 reads the test set and hands it to the others (only its disk needs
@@ -36,6 +37,8 @@ flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's config; 1
 flags.DEFINE_float("alpha", None, "Length penalty alpha (default: the run's config).")
 flags.DEFINE_integer("average_last", None, "Average the last N checkpoints' parameters "
                      "(default: the run's config, e.g. 5 for base, 20 for big).")
+flags.DEFINE_integer("step", None, "Evaluate the checkpoint of this step (with --average_last=K, "
+                     "the K stored checkpoints ending at it) instead of the newest.")
 flags.DEFINE_integer("batch_size", None, "Sentences per decoding batch.")
 flags.DEFINE_boolean("multi30k_bleu", None, "Also print the Multi30k literature's lowercased, "
                      "Moses-tokenized BLEU (default: on for Multi30k test sets).")
@@ -87,7 +90,7 @@ def translate_and_score() -> None:
         FLAGS.beam_size or config.beam_size,
         config.length_penalty_alpha if FLAGS.alpha is None else FLAGS.alpha,
         FLAGS.average_last or config.average_last_checkpoints,
-        FLAGS.batch_size or config.decode_batch_size, FLAGS.output_dir)
+        FLAGS.batch_size or config.decode_batch_size, FLAGS.output_dir, FLAGS.step)
     return
   if FLAGS.src_file or FLAGS.ref_file:
     if not (FLAGS.src_file and FLAGS.ref_file):
@@ -109,7 +112,8 @@ def translate_and_score() -> None:
   beam_size = FLAGS.beam_size or config.beam_size
   alpha = config.length_penalty_alpha if FLAGS.alpha is None else FLAGS.alpha
   average_last = FLAGS.average_last or config.average_last_checkpoints
-  model, params, steps = run_dir.load_model_and_params(FLAGS.workdir, config, average_last)
+  model, params, steps = run_dir.load_model_and_params(FLAGS.workdir, config, average_last,
+                                                       FLAGS.step)
   vocab = run_dir.load_vocabulary(FLAGS.workdir, config)
   logging.info("translating %d sentences: beam %d, alpha %.2f, parameters of steps %s",
                len(sources), beam_size, alpha, steps)

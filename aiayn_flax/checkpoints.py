@@ -179,6 +179,22 @@ def load_newest_params(workdir: str, abstract_params, n: int):
     return _mean(each), list(steps)
 
 
+def load_params_ending_at(workdir: str, abstract_params, step: int, n: int):
+  """(params, steps): parameters averaged over the n stored checkpoints ending at `step`
+  (`step` and the n - 1 before it), and their steps, oldest first. A ValueError in one line
+  listing the stored steps when there is no checkpoint of `step`, or fewer than n up to it."""
+  with _params_reader(workdir, abstract_params) as (mngr, read):
+    available = sorted(mngr.all_steps())
+    there = f"the steps there: {', '.join(map(str, available))}"
+    if step not in available:
+      raise ValueError(f"{checkpoint_dir(workdir)}: no checkpoint of step {step}; {there}")
+    steps = available[:available.index(step) + 1][-n:]
+    if len(steps) < n:
+      raise ValueError(f"{checkpoint_dir(workdir)}: {len(steps)} checkpoints up to step {step}, "
+                       f"fewer than --average_last={n}; {there}")
+    return _mean([read(s) for s in steps]), steps
+
+
 @contextlib.contextmanager
 def _params_reader(workdir: str, abstract_params):
   """(manager, read): read(step) gives a checkpoint's parameters as host arrays, nothing else

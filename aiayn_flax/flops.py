@@ -1,4 +1,4 @@
-"""Analytic parameter and FLOP counts, for --dry_run, MFU and the README's Table 3 column."""
+"""Analytic parameter and FLOP counts, for --dry_run, MFU and docs/TRAIN.md's Table 3 column."""
 from aiayn_flax.model import head_dims
 
 

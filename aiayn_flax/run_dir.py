@@ -26,12 +26,17 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(newest[0][1]["config"])
 
 
-def load_model_and_params(workdir: str, config, average_last: int = 1):
+def load_model_and_params(workdir: str, config, average_last: int = 1,
+                          step: int | None = None):
   """(model, params, steps): parameters averaged over the newest `average_last` checkpoints
-  that can be read (6.1); an unreadable one is skipped with a warning naming it."""
+  that can be read (6.1; an unreadable one is skipped with a warning naming it), or over the
+  `average_last` stored checkpoints ending at `step` when it is given."""
   model = train_step.make_model(config)
   abstract = jax.eval_shape(lambda: train_step.init_params(model, 0))
-  params, steps = checkpoints.load_newest_params(workdir, abstract, average_last)
+  if step is None:
+    params, steps = checkpoints.load_newest_params(workdir, abstract, average_last)
+  else:
+    params, steps = checkpoints.load_params_ending_at(workdir, abstract, step, average_last)
   # Each host lists the checkpoints itself: a stale view would decode with other parameters.
   host_agreement.check({"config": json.loads(config.to_json_best_effort(sort_keys=True)),
                         "checkpoint steps": steps})

@@ -7,7 +7,7 @@ are selectable by name: `--config=configs/base.py:B16` (see `TABLE3_ROWS`).
 import ml_collections
 
 # Table 3 rows: name -> overrides of the base model (and label smoothing for row D).
-# Paper's parameter counts (x10^6) are in the trailing comments, for the README's table.
+# Paper's parameter counts (x10^6) are in the trailing comments, for docs/TRAIN.md's table.
 TABLE3_ROWS = {
     "A1": dict(num_heads=1, qk_dim=512, v_dim=512),  # 65M
     "A4": dict(num_heads=4, qk_dim=128, v_dim=128),  # 65M
@@ -134,8 +134,9 @@ def get_config(row: str = ""):
   # Above 1, each length bucket's batches come in runs of this many, shuffled as runs, and a
   # run is trained in one loop on the device: on CPU that reuses XLA's temporaries instead of
   # fresh memory at every step (base steps 9-13% faster on 2 cores), but it changes the batch
-  # order, and the quick start trained that way scored lower (docs/PERFORMANCE.md). 1 keeps
-  # the plain shuffle.
+  # order. On Multi30k that order cost no BLEU (configs/multi30k.py uses 4; its control run
+  # with 1 scored the same, docs/RESULTS.md); at WMT scale it is not measured, so 1 (the
+  # plain shuffle) stays the default here.
   c.steps_per_call = 1
   # Training batches assembled ahead on a background thread (0: on the training thread); the
   # same batches either way (bench/input_pipeline.py measures the assembly).

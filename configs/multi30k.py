@@ -1,6 +1,7 @@
-"""CPU quick start: a small Transformer on Multi30k task 1, EN->DE, trained in under 45 minutes
-on 2 CPU cores (test2016 sacreBLEU >= 36 greedy, >= 38 with beam 4 and averaging; see the
-README's results table and docs/RECIPE.md for every run behind this recipe).
+"""CPU quick start: a small Transformer on Multi30k task 1, EN->DE, trained in 25-46 minutes on
+2 CPU cores, depending on the machine (docs/RESULTS.md, "Training time"): test2016 sacreBLEU
+>= 36 greedy, >= 38 with beam 4 and averaging (README's table; docs/RECIPE.md has every run
+behind this recipe).
 
 Same recipe as the paper at a smaller, deeper size, as the Multi30k literature's text-only
 baselines: d_model 128, d_ff 512, 4 heads, 4+4 layers (2.9M parameters, 1.0M of them the shared

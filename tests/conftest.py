@@ -1,20 +1,30 @@
-"""Shared fixtures and helpers: the real data folder (AIAYN_DATA_DIR, set by .ci/run), a toy run
-trained once, and running the repository's scripts as a user does.
+"""Shared fixtures and helpers: the real data folder, a toy run trained once, and running the
+repository's scripts as a user does.
+
+The data folder is AIAYN_DATA_DIR when set (.ci/run sets it), else ../shared/data beside the
+clone when it is there, else the public originals fetched once into the cache
+(aiayn_flax/public_data.py: ~/.cache/aiayn_flax) before any test runs. When none of them can be
+had, the session stops at once with one line saying what to set. The reference EVALB is
+../shared/tools/evalb when there, else the cache's, compiled there.
 
 Markers (registered in pyproject.toml): a test that uses `toy_run` is marked `slow` here (it
-trains) and one that uses `shared_data` is marked `needs_data`; tests that start a subprocess
-or train otherwise carry `@pytest.mark.slow` themselves.
+trains) and one that uses `shared_data` or `evalb_dir` is marked `needs_data`; tests that start
+a subprocess or train otherwise carry `@pytest.mark.slow` themselves.
 """
+import contextlib
+import http.server
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
 # What the tests read from the shared data folder (shared/data/README.md).
 DATA_FOLDERS = ("multi30k", "wmt14")
 
@@ -27,7 +37,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 def data_dir() -> pathlib.Path:
   """The shared data folder; a test that needs it fails (never skips) when it is missing."""
-  path = pathlib.Path(os.environ.get("AIAYN_DATA_DIR") or REPO.parent / "shared" / "data")
+  path = pathlib.Path(os.environ.get("AIAYN_DATA_DIR") or SHARED / "data")
   missing = [f"{name}/" for name in DATA_FOLDERS if not (path / name).is_dir()]
   if missing:
     pytest.fail(f"{path}: not the shared data folder (no {', '.join(missing)}); set "
@@ -40,6 +50,100 @@ def data_dir() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
   return data_dir()
+
+
+@pytest.fixture(scope="session")
+def evalb_dir() -> pathlib.Path:
+  """EVALB's folder: evalb.c, COLLINS.prm, sample/ (and the compiled `evalb` in the cache's)."""
+  if (SHARED / "tools" / "evalb").is_dir():
+    return SHARED / "tools" / "evalb"
+  from aiayn_flax import public_data
+  return public_data.fetch_evalb()  # fetched by pytest_configure already; compiled there
+
+
+_data_source = "data: not needed (-m 'not needs_data')"
+
+
+def prepare_data(markexpr: str) -> None:
+  """Sets AIAYN_DATA_DIR for this process and the pytest workers and subprocesses it starts:
+  as set, else ../shared/data, else the cache, where the public originals are fetched once
+  (with EVALB) unless the run deselects the tests that read them. Stops the session in one
+  line when they cannot be fetched. The session's first line says which folder it is."""
+  global _data_source
+  if os.environ.get("AIAYN_DATA_DIR"):
+    _data_source = f"data: {os.environ['AIAYN_DATA_DIR']} (AIAYN_DATA_DIR)"
+    return
+  if "not needs_data" in markexpr:
+    return
+  if (SHARED / "data").is_dir():
+    os.environ["AIAYN_DATA_DIR"] = str(SHARED / "data")
+    _data_source = f"data: {SHARED / 'data'} (beside the clone)"
+    return
+  from aiayn_flax import public_data
+  folder = public_data.cache_dir()
+  files = [*public_data.TEST_DATA,
+           *(public_data.EVALB if not (SHARED / "tools" / "evalb").is_dir() else [])]
+  missing = [f for f in files if not (folder / f.path).exists()]
+  try:
+    public_data.fetch_all(public_data.TEST_DATA, folder)
+    if not (SHARED / "tools" / "evalb").is_dir():
+      public_data.fetch_evalb(folder)
+  except public_data.DownloadError as e:
+    raise pytest.UsageError(
+        f"the tests need real data: {e}; set AIAYN_DATA_DIR to a folder laid out like "
+        f"shared/data, or {public_data.BASE_URL_VARIABLE} to a mirror, or deselect those tests "
+        "with -m 'not needs_data' (docs/TESTS.md)") from None
+  os.environ["AIAYN_DATA_DIR"] = str(folder)
+  source = missing[0].url.rsplit(missing[0].source, 1)[0] if missing else ""
+  _data_source = (f"data: {folder} (downloaded {len(missing)} of {len(files)} files from "
+                  f"{source})" if missing else f"data: {folder} (cached, {len(files)} files)")
+
+
+def pytest_sessionstart(session):
+  """Says which data folder the session reads, even under -q (the header is not shown)."""
+  reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+  if reporter and not hasattr(session.config, "workerinput"):
+    reporter.write_line(_data_source)
+
+
+@contextlib.contextmanager
+def public_mirror(data: pathlib.Path, evalb: pathlib.Path, root: pathlib.Path, replaced=None):
+  """An HTTP server on a loopback port chosen by the OS that stands in for the public hosts:
+  each public file (aiayn_flax/public_data.py) at its path on raw.githubusercontent.com, its
+  bytes those of the data folder's copy (`data`; `evalb` for EVALB), or `replaced[path]`.
+  Yields (base URL for AIAYN_DOWNLOAD_BASE_URL, the list of paths requested, growing)."""
+  from aiayn_flax import public_data
+  for file in [*public_data.TEST_DATA, *public_data.EVALB]:
+    served = root / file.source
+    served.parent.mkdir(parents=True, exist_ok=True)
+    if replaced and file.path in replaced:
+      served.write_bytes(replaced[file.path])
+    elif file.path.startswith("evalb/"):
+      served.symlink_to(evalb / file.path.removeprefix("evalb/"))
+    else:
+      served.symlink_to(data / file.path)
+  requested = []
+
+  class Handler(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, directory=str(root), **kwargs)
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+      requested.append(self.path.lstrip("/"))
+      super().do_GET()
+
+    def log_message(self, *args):
+      pass
+
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    yield f"http://127.0.0.1:{server.server_address[1]}", requested
+  finally:
+    server.shutdown()
+    server.server_close()
+    thread.join()
 
 
 def run_script(*args, stdin: str | bytes | None = None, env: dict | None = None,
@@ -58,7 +162,7 @@ def pytest_collection_modifyitems(items):
     fixtures = getattr(item, "fixturenames", ())
     if "toy_run" in fixtures:
       item.add_marker(pytest.mark.slow)  # trains the toy model (once per worker)
-    if "shared_data" in fixtures:
+    if "shared_data" in fixtures or "evalb_dir" in fixtures:
       item.add_marker(pytest.mark.needs_data)
 
 
@@ -76,12 +180,15 @@ def toy_run(tmp_path_factory):
 _created_xla_cache = None
 
 
-def pytest_configure():
-  """One persistent XLA compilation cache for the session, shared by this process and the
+def pytest_configure(config):
+  """The data folder (prepare_data), once, before the xdist workers start. Then one persistent
+  XLA compilation cache for the session, shared by this process and the xdist workers and the
   train.py / evaluate.py subprocesses the tests start (they inherit the environment): the same
   toy programs are compiled once instead of once per subprocess, which took the resume tests
   from 335 s to 189 s. The compiled programs are the same either way."""
   global _created_xla_cache
+  if not hasattr(config, "workerinput"):  # not in a pytest-xdist worker
+    prepare_data(config.option.markexpr or "")
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _created_xla_cache = tempfile.mkdtemp(prefix="aiayn_flax_xla_cache_")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _created_xla_cache

@@ -86,6 +86,7 @@ def test_multi30k_downloads_pinned_files_without_a_local_copy(tmp_path, monkeypa
     requested.extend(urls.values())
     return {lang: epath.Path(MULTI30K_DIR) / url.rsplit("/", 1)[1] for lang, url in urls.items()}
 
+  monkeypatch.delenv("AIAYN_DOWNLOAD_BASE_URL", raising=False)  # no mirror: the public URLs
   (tmp_path / "no_multi30k").mkdir()  # a data folder without multi30k/ (e.g. only wmt14/)
   monkeypatch.setenv("AIAYN_DATA_DIR", str(tmp_path / "no_multi30k"))
   monkeypatch.setattr(tfds.download.DownloadManager, "download", serve_from_shared_data)

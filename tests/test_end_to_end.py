@@ -71,3 +71,37 @@ def test_translation_is_the_same_alone_and_inside_a_batch(toy_translator):
     batched = translator.translate(others + [sentence])
     assert batched[-1] == alone
     assert len(set(batched)) == len(batched)  # five sentences, five translations
+
+
+def test_evaluate_step_scores_that_checkpoint_and_the_json_names_it(toy_run, toy_translator,
+                                                                     tmp_path):
+  config, workdir, _ = toy_run  # checkpoints of steps 500 and 1000
+  sources, references = ["5 6 7 8", "9 10 11 12 13"], ["8 7 6 5", "13 12 11 10 9"]
+  (tmp_path / "src").write_text("".join(s + "\n" for s in sources))
+  (tmp_path / "ref").write_text("".join(r + "\n" for r in references))
+  result = run_script("evaluate.py", f"--workdir={workdir}", f"--src_file={tmp_path / 'src'}",
+                      f"--ref_file={tmp_path / 'ref'}", "--step=500", "--average_last=1",
+                      f"--output_dir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  scores = json.loads((tmp_path / "src.beam1_avg1_step500.json").read_text())
+  assert scores["checkpoint_steps"] == [500]
+  model, params, steps = run_dir.load_model_and_params(workdir, config, 1, step=500)
+  vocab = run_dir.load_vocabulary(workdir, config)
+  expected = Translator(model, params, vocab, beam_size=1, alpha=config.length_penalty_alpha,
+                        extra_length=config.decode_extra_length).translate(sources)
+  assert steps == [500]
+  assert (tmp_path / "src.beam1_avg1_step500.hyp").read_text().splitlines() == expected
+  # --average_last=K with --step: the K stored checkpoints ending at that step.
+  assert run_dir.load_model_and_params(workdir, config, 2, step=1000)[2] == [500, 1000]
+
+
+def test_evaluate_step_that_was_not_saved_lists_the_steps_there_in_one_line(toy_run):
+  config, workdir, _ = toy_run
+  result = run_script("evaluate.py", f"--workdir={workdir}", "--step=700", "--average_last=1")
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"evaluate.py: error: {workdir}/checkpoints: no checkpoint of step 700; "
+      "the steps there: 500, 1000")
+  with pytest.raises(ValueError, match=r"2 checkpoints up to step 1000, fewer than "
+                     r"--average_last=3; the steps there: 500, 1000$"):
+    run_dir.load_model_and_params(workdir, config, 3, step=1000)

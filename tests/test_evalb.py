@@ -1,6 +1,7 @@
-"""Our EVALB scorer against the reference EVALB (../shared/tools/evalb, compiled here with gcc)
-with COLLINS.prm: real gold trees of the treebank sample against perturbed copies of them,
-and EVALB's own sample files."""
+"""Our EVALB scorer against the reference EVALB (../shared/tools/evalb compiled here with gcc,
+or the one fetched and compiled into the cache: conftest's `evalb_dir`) with COLLINS.prm: real
+gold trees of the treebank sample against perturbed copies of them, and EVALB's own sample
+files."""
 import random
 import re
 import shutil
@@ -11,22 +12,23 @@ import nltk
 import pytest
 
 from aiayn_flax.parsing import evalb, linearize, treebank
-from conftest import REPO
-
-EVALB_DIR = REPO.parent / "shared" / "tools" / "evalb"
 
 
 @pytest.fixture(scope="module")
-def reference_evalb(tmp_path_factory):
-  """The reference EVALB binary, compiled as its PROVENANCE.md says."""
-  if shutil.which("gcc") is None:
-    raise RuntimeError("gcc is needed to build the reference EVALB")
-  binary = tmp_path_factory.mktemp("evalb") / "evalb"
-  subprocess.run(["gcc", "-O2", "-w", "-o", str(binary), str(EVALB_DIR / "evalb.c")], check=True)
-  return binary
+def reference_evalb(evalb_dir, tmp_path_factory):
+  """The reference EVALB program: the cache's, compiled when it was fetched, or compiled here
+  from ../shared/tools/evalb as its PROVENANCE.md says. (binary, COLLINS.prm)"""
+  binary = evalb_dir / "evalb"
+  if not binary.exists():
+    if shutil.which("gcc") is None:
+      raise RuntimeError("gcc is needed to build the reference EVALB")
+    binary = tmp_path_factory.mktemp("evalb") / "evalb"
+    subprocess.run(["gcc", "-O2", "-w", "-o", str(binary), str(evalb_dir / "evalb.c")],
+                   check=True)
+  return binary, evalb_dir / "COLLINS.prm"
 
 
-def run_reference(binary, gold_lines, test_lines, tmp_path, prm=EVALB_DIR / "COLLINS.prm"):
+def run_reference(binary, gold_lines, test_lines, tmp_path, prm):
   """{"all"|"cutoff": {"valid", "errors", "skipped", "recall", "precision", "f1",
   "complete"}} from the reference's summary (MAX_ERROR raised: it stops after 10 errors)."""
   gold, test = tmp_path / "gold.txt", tmp_path / "test.txt"
@@ -54,9 +56,10 @@ def ours(totals: evalb.Totals) -> dict:
           "f1": round(totals.f1, 2), "complete": round(totals.complete_match, 2)}
 
 
-def assert_same_as_reference(binary, gold_lines, test_lines, tmp_path, params=evalb.COLLINS,
-                             prm=EVALB_DIR / "COLLINS.prm"):
-  reference = run_reference(binary, gold_lines, test_lines, tmp_path, prm)
+def assert_same_as_reference(reference_evalb, gold_lines, test_lines, tmp_path,
+                             params=evalb.COLLINS, prm=None):
+  binary, collins_prm = reference_evalb
+  reference = run_reference(binary, gold_lines, test_lines, tmp_path, prm or collins_prm)
   scores = evalb.score_corpus(gold_lines, test_lines, params)
   assert ours(scores.all) == reference["all"]
   assert ours(scores.up_to_cutoff) == reference["cutoff"]
@@ -125,8 +128,8 @@ def test_scores_match_reference_evalb_with_length_and_word_mismatches(reference_
   assert scores.all.errors >= 15 and scores.all.skipped == 5
 
 
-def test_scores_match_reference_evalb_on_its_sample_files(reference_evalb, tmp_path):
-  sample = EVALB_DIR / "sample"
+def test_scores_match_reference_evalb_on_its_sample_files(reference_evalb, evalb_dir, tmp_path):
+  sample = evalb_dir / "sample"
   gold = (sample / "sample.gld").read_text().splitlines()
   test = (sample / "sample.tst").read_text().splitlines()
   scores = assert_same_as_reference(reference_evalb, gold, test, tmp_path,
@@ -136,5 +139,5 @@ def test_scores_match_reference_evalb_on_its_sample_files(reference_evalb, tmp_p
   assert (round(scores.all.recall, 2), round(scores.all.precision, 2)) == (87.76, 90.53)
 
 
-def test_collins_parameters_are_the_ones_in_collins_prm():
-  assert evalb.read_parameters(str(EVALB_DIR / "COLLINS.prm")) == evalb.COLLINS
+def test_collins_parameters_are_the_ones_in_collins_prm(evalb_dir):
+  assert evalb.read_parameters(str(evalb_dir / "COLLINS.prm")) == evalb.COLLINS

@@ -49,7 +49,7 @@ def test_make_refuses_a_python_older_than_3_11_in_one_line(tmp_path):
   assert ours == [f"make: {python310} is Python 3.10; aiayn_flax needs Python >= 3.11: make "
                   "PYTHON=python3.11, or get one with uv (curl -LsSf "
                   "https://astral.sh/uv/install.sh | sh; uv python install 3.11; make "
-                  "PYTHON=$(uv python find 3.11)), README \"Install\""]
+                  "PYTHON=$(uv python find 3.11)), docs/INSTALL.md"]
   assert not venv.exists()
 
 
@@ -71,5 +71,15 @@ def test_quickstart_installs_and_trains_for_the_accelerator_the_host_has(
 def test_the_tests_install_the_compilers_and_run_on_the_cpu(tmp_path):
   result = make("-n", "test", f"VENV={tmp_path / 'venv'}", env=host_env(tmp_path, "gpu"))
   assert "-m pip install -q -e '.[dev,aot]' -c requirements.lock" in result.stdout
-  # The tests force the CPU even on a GPU host.
-  assert "JAX_PLATFORMS=cpu " + f"{tmp_path / 'venv'}/bin/python -m pytest tests" in result.stdout
+  # The tests force the CPU even on a GPU host, one worker per core unless told otherwise.
+  assert ("JAX_PLATFORMS=cpu " + f"{tmp_path / 'venv'}/bin/python -m pytest tests -n auto "
+          "--dist loadfile") in result.stdout
+
+
+@pytest.mark.parametrize("target", ["test", "test-fast"])
+def test_test_workers_and_tests_choose_the_workers_and_the_files(tmp_path, target):
+  result = make("-n", target, f"VENV={tmp_path / 'venv'}", "TEST_WORKERS=3",
+                "TESTS=tests/test_model.py", env=host_env(tmp_path, "cpu"))
+  assert result.returncode == 0, result.stderr
+  assert "-m pytest tests/test_model.py " in result.stdout
+  assert " -n 3 --dist loadfile" in result.stdout and "-n auto" not in result.stdout

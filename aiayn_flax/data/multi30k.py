@@ -11,7 +11,7 @@ import requests
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from aiayn_flax import process_zero
+from aiayn_flax import process_zero, public_data
 from aiayn_flax.data.text_files import read_parallel_lines
 
 LANGUAGES = ("en", "de")
@@ -26,10 +26,6 @@ SPLIT_STEMS = {
     "test2017_mscoco": "test_2017_mscoco",  # 461
 }
 
-# A fixed commit, so that an online build reads the very bytes our offline copy holds.
-_URL_TEMPLATE = (
-    "https://raw.githubusercontent.com/multi30k/dataset/"
-    "a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/{stem}.{lang}.gz")
 
 _CITATION = """\
 @inproceedings{elliott-etal-2016-multi30k,
@@ -69,9 +65,11 @@ def local_split_paths(split: str) -> tuple[str, str] | None:
 
 
 def split_urls(split: str) -> dict[str, str]:
-  """{language: url} of a split's gzipped raw files at the pinned upstream commit."""
+  """{language: url} of a split's gzipped raw files at the pinned upstream commit, the very
+  bytes of our offline copy (public_data.MULTI30K; AIAYN_DOWNLOAD_BASE_URL names a mirror)."""
   stem = _check_split(split)
-  return {lang: _URL_TEMPLATE.format(stem=stem, lang=lang) for lang in LANGUAGES}
+  files = {file.path: file for file in public_data.MULTI30K}
+  return {lang: files[f"multi30k/{stem}.{lang}.gz"].url for lang in LANGUAGES}
 
 
 def check_download_reachable(url: str, timeout_s: float = 20.0) -> None:

@@ -20,13 +20,15 @@ from aiayn_flax.translator import Translator
 
 
 def parse_and_score(workdir: str, config, split: str, beam_size: int, alpha: float,
-                    average_last: int, batch_size: int, output_dir: str | None = None):
+                    average_last: int, batch_size: int, output_dir: str | None = None,
+                    step: int | None = None):
   """Parses `split`, writes <split>.gold / <split>.tst under output_dir (WORKDIR/eval), prints
-  the EVALB line and returns the scores."""
+  the EVALB line and returns the scores. `step`: the checkpoint of that step (with the
+  average_last - 1 before it) rather than the newest."""
   task = tasks.for_config(config)
   sources, gold = process_zero.read_once(  # process 0 reads: hosts' disks may differ
       f"treebank {split}", lambda: task.sources_and_references(config, split))
-  model, params, steps = run_dir.load_model_and_params(workdir, config, average_last)
+  model, params, steps = run_dir.load_model_and_params(workdir, config, average_last, step)
   vocab = run_dir.load_vocabulary(workdir, config)
   logging.info("parsing %d sentences of %s: beam %d, alpha %.2f, parameters of steps %s",
                len(sources), split, beam_size, alpha, steps)

@@ -12,22 +12,14 @@ Two sources, one split table each (`config.dataset.treebank_dir`):
 Files are read with nltk's BracketParseCorpusReader, which also drops the unlabelled root
 bracket `( (S ...) )` that wraps each tree in the released files.
 """
-import hashlib
 import os
 import re
 
-from absl import logging
-from etils import epath
 import nltk
 from nltk.corpus.reader import BracketParseCorpusReader
 from nltk.data import ZipFilePathPointer
-import requests
 
-# nltk_data's treebank.zip at the commit that last changed it: the bytes of the shared copy.
-SAMPLE_URL = ("https://raw.githubusercontent.com/nltk/nltk_data/"
-              "9373d812d4b7f6f272c489e980c670bc26622895/packages/corpora/treebank.zip")
-SAMPLE_SHA256 = "9da92d76c3666cfb6cddeaed0f7e86b344cce0f0928a286d439e555f19c37399"
-SAMPLE_CACHE = "~/.cache/aiayn_flax/ptb_sample/treebank.zip"
+from aiayn_flax import public_data
 
 # split -> inclusive range of file numbers (wsj_NNNN.mrg) of the sample.
 SAMPLE_SPLITS = {"train": (1, 159), "validation": (160, 179), "test": (180, 199)}
@@ -127,29 +119,14 @@ def _sample_reader() -> BracketParseCorpusReader:
 
 def sample_zip_path() -> str:
   """treebank.zip: `$AIAYN_DATA_DIR/ptb_sample/treebank.zip` when that folder is set and holds
-  it; otherwise the cached download (fetched once, checked against its sha256)."""
+  it; otherwise nltk_data's, fetched once into the cache (public_data.TREEBANK_SAMPLE)."""
   data_dir = os.environ.get("AIAYN_DATA_DIR")
   if data_dir:
     local = os.path.join(data_dir, "ptb_sample", "treebank.zip")
     if os.path.exists(local):
       return local
-  cached = os.path.expanduser(SAMPLE_CACHE)
-  if not os.path.exists(cached):
-    _download_sample(cached)
-  return cached
-
-
-def _download_sample(path: str) -> None:
   try:
-    response = requests.get(SAMPLE_URL, timeout=60)
-    response.raise_for_status()
-  except requests.RequestException as e:
-    raise FileNotFoundError(
-        f"could not download the Penn Treebank sample from {SAMPLE_URL} ({type(e).__name__}); "
-        "offline, set AIAYN_DATA_DIR to a folder holding ptb_sample/treebank.zip") from e
-  digest = hashlib.sha256(response.content).hexdigest()
-  if digest != SAMPLE_SHA256:
-    raise ValueError(f"{SAMPLE_URL}: sha256 {digest}, expected {SAMPLE_SHA256}")
-  epath.Path(path).parent.mkdir(parents=True, exist_ok=True)
-  epath.Path(path).write_bytes(response.content)
-  logging.info("Downloaded the Penn Treebank sample to %s", path)
+    return str(public_data.fetch(public_data.TREEBANK_SAMPLE))
+  except public_data.DownloadError as e:
+    raise FileNotFoundError(f"{e}; offline, set AIAYN_DATA_DIR to a folder holding "
+                            "ptb_sample/treebank.zip") from e

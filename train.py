@@ -139,6 +139,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     key = key.group(1) if key else message
     suggestion = re.search(r'Did you mean "(\w+)"', message)
     given = [a for a in argv[1:] if a.startswith("--config.") and key in a.split("=", 1)[0]]
+    from aiayn_flax.config_checks import renamed_field_message
+    if renamed := renamed_field_message(key):
+      sys.exit(f"train.py: error: {' '.join(given) or key}: {renamed}")
     sys.exit(f"train.py: error: {' '.join(given) or key}: the config has no field {key!r}"
              + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else "")
              + "; run with --dry_run, or read the config file, for the fields it has")

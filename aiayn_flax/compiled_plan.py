@@ -23,7 +23,6 @@ from jax.sharding import Mesh
 from aiayn_flax import accelerator_targets, devices, sharding, tasks, train_step, translator
 from aiayn_flax.data import bucketing
 from aiayn_flax.dry_run import activation_bytes_per_token
-from aiayn_flax.parsing import constrained
 from aiayn_flax.programs import training_programs
 
 HELPFUL_KEYS = ("a smaller --config.micro_batch_tokens_per_device (accumulates more micro-batches),"
@@ -216,7 +215,7 @@ def compile_run(config, target_name: str,
   compiled = list(training[length]) if "train" in include else []
   if "eval" in include:
     compiled.append(_compile("eval_step", shape, programs.eval_fn, (params, batch), n))
-  if "decode" in include and training_bleu_sentences(config):
+  if "decode" in include and training_decode_sentences(config):
     # The trainer hands the translator its sharded parameters; with several processes it
     # first gathers them whole into each process, which decodes on its own default device.
     one_process = len({d.process_index for d in target_devices}) == 1
@@ -225,7 +224,7 @@ def compile_run(config, target_name: str,
                  else (_same_for_all(params, one_device), one_device))
     compiled.append(_compile_decoding(
         "greedy_decode", config, model, params, placement, beam_size=1,
-        rows=translator.batch_rows(training_bleu_sentences(config),
+        rows=translator.batch_rows(training_decode_sentences(config),
                                    _decode_length(config), config.decode_batch_size),
         num_devices=n if one_process else 1))
   if "evaluate" in include:
@@ -250,11 +249,10 @@ def compile_run(config, target_name: str,
           "fits": largest.memory_bytes <= usable}
 
 
-def training_bleu_sentences(config) -> int:
-  """The validation sentences the trainer greedy-decodes for BLEU (as trainer.py: the toy
-  task's exact match decodes its whole evaluation set); 0: no decoding during training."""
-  return config.eval_bleu_sentences or (
-      config.dataset.get("toy_eval_examples", 0) if config.dataset.name == "toy_reverse" else 0)
+def training_decode_sentences(config) -> int:
+  """The validation sentences the trainer greedy-decodes for its task's metric (the task's
+  validation_sentences, as trainer.py); 0: no decoding during training."""
+  return tasks.for_config(config).validation_sentences(config)
 
 
 def _flops_per_optimizer_step(compiled, accumulation: int) -> float:
@@ -305,8 +303,7 @@ def _compile_decoding(name, config, model, params, placement, *, beam_size: int,
   """One call of the translator's decoding: `rows` sources of the longest training length,
   parameters and sources placed by `placement` (the parameters' shardings, the sources')."""
   length = _decode_length(config)
-  constraint = tasks.for_config(config).decoding_constraint(
-      constrained.StandInVocabulary(config.model.vocab_size))  # a parser's, as the run's
+  constraint = tasks.for_config(config).stand_in_decoding_constraint(config.model.vocab_size)
   decode_fn = translator.make_decode_fn(model, beam_size, config.length_penalty_alpha,
                                         config.decode_extra_length, constraint_for=constraint)
   params = _abstract(params, placement[0])

@@ -58,7 +58,7 @@ def get_config():
   c.checkpoint_every_steps = 100
   c.keep_checkpoints = 20
   c.average_last_checkpoints = 20  # the last 2,000 steps: 0.5 F1 above the last 5 (validation)
-  c.eval_bleu_sentences = 273  # the whole validation split, greedy-parsed for its F1
+  c.eval_decode_sentences = 273  # the whole validation split, greedy-parsed for its F1
   c.decode_batch_size = 64
   # The best of beam 4 / 10 and alpha 0.3 / 0.6 / 1.0 on the validation files (docs/PARSING.md).
   c.beam_size = 10

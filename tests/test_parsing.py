@@ -191,7 +191,7 @@ def test_tree_tokens_are_single_vocabulary_pieces(sample_splits, tmp_path):
   from aiayn_flax.data import pipeline
   from configs import parsing_sample
   config = parsing_sample.get_config()
-  vocab = pipeline.vocabulary_for(config, str(tmp_path))
+  vocab = pipeline.vocabulary_for(config, str(tmp_path), tasks.for_config(config))
   for tree in sample_splits["test"][1][:50]:
     sequence = " ".join(linearize.linearize(tree))
     assert len(vocab.encode(sequence)) == len(sequence.split())

@@ -156,12 +156,13 @@ def totals_dict(totals) -> dict:
           "skipped": totals.skipped, "errors": totals.errors}
 
 
-def choose_on_validation(runs: list[SeedRun], constrained: bool) -> tuple[dict, list]:
+def choose_on_validation(runs: list[SeedRun], constrained: bool, beams: list[int],
+                         alphas: list[float], average_lasts: list[int]) -> tuple[dict, list]:
   """The (beam, alpha, average_last) of the best mean validation F1 over the seeds."""
   tried = []
-  for average_last in map(int, FLAGS.average_last):
-    for beam in map(int, FLAGS.beams):
-      for alpha in map(float, FLAGS.alphas):
+  for average_last in average_lasts:
+    for beam in beams:
+      for alpha in alphas:
         f1s = [run.parse("validation", beam, alpha, average_last, constrained)["scores"]["f1"]
                for run in runs]
         tried.append({"beam": beam, "alpha": alpha, "average_last": average_last,
@@ -279,7 +280,9 @@ def main(argv):
     test = {}
     for constrained in (True, False):
       mode = "constrained" if constrained else "repaired"
-      choice, tried = choose_on_validation(runs, constrained)
+      choice, tried = choose_on_validation(runs, constrained, [int(b) for b in FLAGS.beams],
+                                           [float(a) for a in FLAGS.alphas],
+                                           [int(n) for n in FLAGS.average_last])
       entry["validation"][mode] = {"chosen": choice, "tried": tried}
       test[mode] = (choice | {"constrained": constrained},
                     [run.parse("test", choice["beam"], choice["alpha"], choice["average_last"],

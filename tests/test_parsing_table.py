@@ -71,3 +71,28 @@ def test_table_trains_seeds_chooses_on_validation_and_compares_with_the_baseline
   _, again = table(runs_dir, "--notrain")
   assert all(t == {"reused": True} for t in again["configurations"]["tiny"]["training"].values())
   assert again["rows"][0]["f1"] == report["rows"][0]["f1"]  # the same finished runs, decoded again
+
+
+class FakeRun:
+  """A seed whose validation F1 is a given function of the decoding setting."""
+
+  def __init__(self, f1_of):
+    self.f1_of = f1_of
+
+  def parse(self, split, beam, alpha, average_last, constrained):
+    assert split == "validation"
+    return {"scores": {"f1": self.f1_of(beam, alpha, average_last)}}
+
+
+def test_decoding_is_chosen_by_the_best_mean_validation_f1_over_the_seeds():
+  """Seed 0 alone would choose beam 4; the mean over the seeds chooses beam 10, alpha 0.6,
+  last 20."""
+  sys.path.insert(0, REPO)
+  from bench import parsing_table
+  seed0 = FakeRun(lambda beam, alpha, last: 70.0 if beam == 4 else 60.0 + alpha + last / 100)
+  seed1 = FakeRun(lambda beam, alpha, last: 50.0 if beam == 4 else 75.0 - alpha + last / 100)
+  choice, tried = parsing_table.choose_on_validation([seed0, seed1], True, [4, 10], [0.6, 1.0],
+                                                     [5, 20])
+  assert choice == {"beam": 10, "alpha": 0.6, "average_last": 20}
+  assert len(tried) == 8 and all(t["constrained"] for t in tried)
+  assert max(t["mean"] for t in tried) == pytest.approx((60.6 + 0.2 + 74.4 + 0.2) / 2)

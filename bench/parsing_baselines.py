@@ -40,10 +40,12 @@ def main(argv):
   dataset = ml_collections.ConfigDict(dict(treebank_dir="", train_split="train"))
   train = sentences.split_trees(dataset, "train")
   gold_trees = sentences.split_trees(dataset, FLAGS.split)
-  chosen = [t for t in gold_trees if not FLAGS.max_words or len(t.leaves()) <= FLAGS.max_words]
-  gold_lines = [linearize.evalb_line(t) for t in chosen]
+  chosen = [i for i, t in enumerate(gold_trees)
+            if not FLAGS.max_words or len(t.leaves()) <= FLAGS.max_words]
+  trees = [gold_trees[i] for i in chosen]
+  gold_lines = [linearize.evalb_line(t) for t in trees]
   report = {"right-branching": evalb.score_corpus(
-      gold_lines, baselines.right_branching_lines(train, chosen))}
+      gold_lines, baselines.right_branching_lines(train, trees))}
   notes = []
   for name in FLAGS.pcfg:
     grammar, over = PCFGS[name]
@@ -51,7 +53,7 @@ def main(argv):
     def progress(count, name=name):
       if count % 25 == 0:
         print(f"{name}: {count}/{len(chosen)} sentences, {time.time() - start:.0f} s")
-    parses = baselines.pcfg_lines(train, chosen, grammar, over, progress)
+    parses = baselines.pcfg_lines(train, trees, grammar, over, progress)
     label = f"{grammar.name} over {'gold tags' if over == 'tags' else 'words'}"
     report[label] = evalb.score_corpus(gold_lines, parses.lines)
     notes.append(f"{label}: {time.time() - start:.0f} s, {parses.without_parse} sentences "
@@ -60,9 +62,7 @@ def main(argv):
   if FLAGS.transformer_tst:
     with open(FLAGS.transformer_tst, encoding="utf-8") as f:
       tst = f.read().splitlines()
-    by_line = dict(zip((linearize.evalb_line(t) for t in gold_trees), tst))
-    report["Transformer (evaluate.py)"] = evalb.score_corpus(
-        gold_lines, [by_line[line] for line in gold_lines])
+    report["Transformer (evaluate.py)"] = evalb.score_corpus(gold_lines, [tst[i] for i in chosen])
 
   print(f"{FLAGS.split}: {len(chosen)} of {len(gold_trees)} sentences (at most "
         f"{FLAGS.max_words or 'any'} words)")

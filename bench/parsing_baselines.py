@@ -4,7 +4,7 @@ on a split of the treebank, beside evaluate.py's F1 on the same trees:
 - right-branching;
 - the vanilla PCFG (horizontal Markovization 1, no parent annotation), over the words;
 - the PCFG of Klein & Manning (2003) as far as it fits the sample (parent annotation,
-  horizontal Markovization 2), over the words;
+  horizontal Markovization 2; the vanilla grammar parses what it cannot), over the words;
 - (--pcfg=...,tags) the vanilla PCFG over the gold tags: it is given what the others infer, an
   upper reference only, not a peer.
 
@@ -56,8 +56,9 @@ def main(argv):
     parses = baselines.pcfg_lines(train, trees, grammar, over, progress)
     label = f"{grammar.name} over {'gold tags' if over == 'tags' else 'words'}"
     report[label] = evalb.score_corpus(gold_lines, parses.lines)
-    notes.append(f"{label}: {time.time() - start:.0f} s, {parses.without_parse} sentences "
-                 "without a parse (right-branching tree instead)")
+    notes.append(f"{label}: {time.time() - start:.0f} s, {parses.backed_off} sentences parsed by "
+                 f"the back-off grammar, {parses.without_parse} without a parse "
+                 "(right-branching tree instead)")
 
   if FLAGS.transformer_tst:
     with open(FLAGS.transformer_tst, encoding="utf-8") as f:

@@ -187,8 +187,9 @@ def baseline_rows(gold_config) -> dict:
     start = time.time()
     parses = baselines.pcfg_lines(train, gold_trees, grammar)
     systems[grammar.name] = (parses.lines, parses.without_parse)
-    print(f"{grammar.name}: {time.time() - start:.0f} s, {parses.without_parse} sentences "
-          "without a parse (right-branching instead)", flush=True)
+    print(f"{grammar.name}: {time.time() - start:.0f} s, {parses.backed_off} sentences parsed by "
+          f"the back-off grammar, {parses.without_parse} without a parse (right-branching "
+          "instead)", flush=True)
   return {name: {"lines": lines, "without_parse": failures,
                  "counts": bootstrap.sentence_counts(gold, lines).tolist(),
                  "scores": totals_dict(evalb.score_corpus(gold, lines).all)}

@@ -92,6 +92,21 @@ def test_every_system_output_carries_the_gold_tags_and_no_sentence_is_an_evalb_e
   assert right.valid == len(gold) and right.f1 < scores.f1
 
 
+def test_a_sentence_the_annotated_grammar_cannot_parse_goes_to_its_back_off_grammar():
+  """Parent annotation splits NP into NP^<S> (here only DT NN) and NP^<VP> (only JJ NNS): "he
+  saw the cat" needs a DT NN object, which the annotated grammar cannot build and the vanilla
+  grammar can."""
+  train = [nltk.Tree.fromstring("(S (NP (DT the) (NN cat)) (VP (VBD slept)))"),
+           nltk.Tree.fromstring("(S (NP (PRP he)) (VP (VBD saw) (NP (JJ big) (NNS cats))))")]
+  gold = [nltk.Tree.fromstring("(S (NP (PRP he)) (VP (VBD saw) (NP (DT the) (NN cat))))")]
+  alone = baselines.pcfg_lines(train, gold, baselines.Grammar(2, True), over="tags")
+  assert (alone.without_parse, alone.backed_off) == (1, 0)  # right-branching stood in
+  backed = baselines.pcfg_lines(train, gold, baselines.KLEIN_MANNING, over="tags")
+  vanilla = baselines.pcfg_lines(train, gold, baselines.VANILLA, over="tags")
+  assert (backed.without_parse, backed.backed_off) == (0, 1)
+  assert backed.lines == vanilla.lines == [linearize.evalb_line(gold[0])]
+
+
 # --- the paired bootstrap -------------------------------------------------------------------
 
 def counts_with_one_difference(n: int) -> tuple[np.ndarray, np.ndarray]:

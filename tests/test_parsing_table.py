@@ -49,7 +49,7 @@ def test_table_trains_seeds_chooses_on_validation_and_compares_with_the_baseline
   assert entry["test"]["paper"]["decoding"]["extra_length"] == 300
 
   assert set(report["baselines"]) == {"right-branching", "PCFG (h=1)",
-                                      "PCFG (h=2, parent-annotated)"}
+                                      "PCFG (h=2, parent-annotated, h=1 back-off)"}
   assert len(report["rows"]) == 3
   for row in report["rows"]:
     assert row["seeds"] == [0, 1] and len(row["f1"]["values"]) == 2
@@ -64,7 +64,7 @@ def test_table_trains_seeds_chooses_on_validation_and_compares_with_the_baseline
   assert constrained["f1"]["mean"] == pytest.approx(
       sum(p["scores"]["f1"] for p in entry["test"]["constrained"]["per_seed"]) / 2)
   assert "| tiny: constrained, chosen on validation | 0,1 |" in stdout
-  assert "vs PCFG (h=2, parent-annotated)" in stdout
+  assert "vs PCFG (h=2, parent-annotated, h=1 back-off)" in stdout
   with open(os.path.join(runs_dir, "table.md"), encoding="utf-8") as f:
     assert "p=" in f.read()
 

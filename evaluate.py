@@ -12,8 +12,8 @@ that the Multi30k literature reports. Writes the detokenized hypotheses and a JS
 of the scores.
 
 On a pod slice or several GPU hosts, run it on every worker, as train.py: the processes join
-(jax.distributed), each decodes its share of the test set on one of its devices, and process 0
-prints the scores and writes the files (the hypotheses are the same as on one process).
+(jax.distributed), process 0 reads the test set and hands it to the others (only its disk needs
+the data), each decodes its share, and process 0 prints the scores and writes the files (the hypotheses are the same as on one process).
 """
 import json
 import os
@@ -74,7 +74,7 @@ def score_existing_translation() -> None:
 
 def translate_and_score() -> None:
   import jax
-  from aiayn_flax import paths, provenance, run_dir, scoring, tasks
+  from aiayn_flax import paths, process_zero, provenance, run_dir, scoring, tasks
   from aiayn_flax.data import text_files
   from aiayn_flax import compilation_cache
   from aiayn_flax.translator import Translator
@@ -96,13 +96,16 @@ def translate_and_score() -> None:
   if FLAGS.src_file or FLAGS.ref_file:
     if not (FLAGS.src_file and FLAGS.ref_file):
       raise app.UsageError("--src_file and --ref_file go together")
-    sources, references = text_files.read_parallel_lines(FLAGS.src_file, FLAGS.ref_file)
+    sources, references = process_zero.read_once(  # process 0 reads: hosts' disks differ
+        "--src_file/--ref_file",
+        lambda: text_files.read_parallel_lines(FLAGS.src_file, FLAGS.ref_file))
     name = os.path.basename(FLAGS.src_file)
     is_multi30k = False
   else:
     # Default: the run's test split (newstest2014 for WMT14 EN-DE, test2016 for Multi30k).
     testset = FLAGS.testset or f"split:{FLAGS.split or config.dataset.test_split}"
-    sources, references = run_dir.testset_pairs(testset, config)
+    sources, references = process_zero.read_once(
+        f"test set {testset}", lambda: run_dir.testset_pairs(testset, config))
     name = testset.replace("/", "_").replace(":", "_")
     is_multi30k = testset.startswith("multi30k/") or (
         testset.startswith("split:") and config.dataset.name == "multi30k")
@@ -144,8 +147,8 @@ def main(argv):
     if FLAGS.hyp_file:
       score_existing_translation()
     else:
-      from aiayn_flax import sharding
-      sharding.initialize_distributed()  # launched on every worker: join the others first
+      from aiayn_flax import cluster
+      cluster.initialize_distributed()  # launched on every worker: join the others first
       translate_and_score()
   except (FileNotFoundError, ValueError) as e:  # bad input: one line that says what to do
     sys.exit(f"evaluate.py: error: {e}")

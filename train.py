@@ -28,6 +28,9 @@ flags.DEFINE_bool("dry_run", False, "Print the run's plan and exit without train
 flags.DEFINE_string("target", None, "With --dry_run: also compile the run's programs for this "
                     "accelerator (e.g. tpu-v4-8, gpu-h100x8; aiayn_flax/accelerator_targets.py) "
                     "and print the memory XLA reports; needs pip install -e '.[aot]'.")
+flags.DEFINE_bool("prepare_data", False, "Download and prepare the config's tfds dataset into "
+                  "config.dataset.data_dir (e.g. gs://BUCKET/tensorflow_datasets) and exit: once, "
+                  "on any machine, before a run on several hosts.")
 flags.DEFINE_bool("force_resume", False, "Resume even if the workdir's config differs in a field "
                   "that changes the model or the data.")
 flags.mark_flags_as_required(["config"])
@@ -40,7 +43,7 @@ def main(argv):
   from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   # After flag parsing: keeps --help fast.
-  from aiayn_flax import compilation_cache, dry_run, sharding, trainer
+  from aiayn_flax import cluster, compilation_cache, dry_run, trainer
   config = FLAGS.config
   if FLAGS.dry_run:
     if FLAGS.target:
@@ -48,7 +51,11 @@ def main(argv):
     else:
       print(dry_run.plan_text(config))
     return
-  sharding.initialize_distributed()  # a multi-host slice: join the other processes first
+  if FLAGS.prepare_data:
+    from aiayn_flax import tasks
+    print(tasks.for_config(config).prepare_data(config))
+    return
+  cluster.initialize_distributed()  # a multi-host slice: join the other processes first
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required to train")
   refusal = check_backend(config)

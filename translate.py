@@ -15,9 +15,9 @@ source tokens per decoding batch).
 The defaults are evaluate.py's: the run's beam size and alpha, the last
 config.average_last_checkpoints checkpoints averaged.
 
-On a pod slice or several GPU hosts, run it on every worker with --input (a file each worker can
-read) and --output: the processes join (jax.distributed), share the decoding out, and process 0
-writes the output. Standard input is refused there (each worker would read its own).
+On a pod slice or several GPU hosts, run it on every worker with --input and --output: the
+processes join (jax.distributed), process 0 reads --input and hands the lines to the others (only
+its disk needs the file), they share the decoding out, and process 0 writes the output. Standard input is refused there (each worker would read its own).
 
 --nbest=N prints the N best translations of each line (N <= beam size), N lines per input line:
   LINE ||| TRANSLATION ||| SCORE
@@ -78,6 +78,20 @@ def line_batches(stream, name: str, max_lines: int, waits_for_input: bool):
     lines = lines[max_lines:]
 
 
+def input_batches(source, name: str):
+  """line_batches of the input; on several processes, process 0 reads the whole --input and
+  the others receive its lines (their disks may not hold the file, or hold another one)."""
+  import jax
+  from aiayn_flax import process_zero
+  if jax.process_count() == 1:
+    yield from line_batches(source, name, FLAGS.buffer_size, waits_for_input=not FLAGS.input)
+    return
+  lines = process_zero.read_once(f"--input={name}", lambda: [
+      line for batch in line_batches(source, name, FLAGS.buffer_size, False) for line in batch])
+  for start in range(0, len(lines), FLAGS.buffer_size):
+    yield lines[start:start + FLAGS.buffer_size]
+
+
 def one_line(text: str) -> str:
   """A translation as one output line, whatever characters the vocabulary can produce."""
   return " ".join(text.splitlines()) if "\n" in text or "\r" in text else text
@@ -90,13 +104,13 @@ def main(argv):
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   try:
     import jax
-    from aiayn_flax import run_dir, sharding, tasks
+    from aiayn_flax import cluster, run_dir, tasks
     from aiayn_flax import compilation_cache
     from aiayn_flax.translator import Translator
-    sharding.initialize_distributed()  # launched on every worker: join the others first
+    cluster.initialize_distributed()  # launched on every worker: join the others first
     if jax.process_count() > 1 and not FLAGS.input:
-      raise ValueError(f"on {jax.process_count()} processes, give --input (a file every worker "
-                       "can read) and --output, or run on one host for standard input")
+      raise ValueError(f"on {jax.process_count()} processes, give --input (a file process 0 "
+                       "reads) and --output, or run on one host for standard input")
     config = run_dir.load_config(FLAGS.workdir)
     compilation_cache.enable(config, FLAGS.workdir)  # reuse what train.py compiled
     task = tasks.for_config(config)
@@ -110,7 +124,9 @@ def main(argv):
         batch_size=FLAGS.batch_size or config.decode_batch_size, max_tokens=FLAGS.max_tokens,
         max_positions=config.model.max_positions if config.model.positions == "learned" else None,
         num_results=FLAGS.nbest, constraint_for=task.decoding_constraint(vocab))
-    source = open(FLAGS.input, "rb") if FLAGS.input else sys.stdin.buffer
+    # On several processes only process 0 opens --input (input_batches).
+    source = (open(FLAGS.input, "rb") if jax.process_index() == 0 else None) if FLAGS.input \
+        else sys.stdin.buffer
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"translate.py: error: {e}")
   name = FLAGS.input or "<stdin>"
@@ -120,7 +136,7 @@ def main(argv):
     out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
   first_line = 0
   try:
-    for lines in line_batches(source, name, FLAGS.buffer_size, waits_for_input=not FLAGS.input):
+    for lines in input_batches(source, name):
       if FLAGS.nbest:
         for offset, nbest in enumerate(translator.translate_nbest(lines)):
           texts = task.outputs([lines[offset]] * len(nbest), [text for text, _ in nbest])

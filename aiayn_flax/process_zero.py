@@ -7,6 +7,10 @@ of work. `first(name, make, read)` runs make() on process 0 while the others wai
 distributed client's key-value store, then read() on the others. An error on process 0 is
 raised on every process, in one line, so that no host waits for a peer that has stopped.
 
+`read_once(name, read)` is for what every process needs but hosts may not all have: process 0
+reads (a test set, the validation text) and the others receive the same value, so that hosts with
+separate disks neither download nor prepare anything, and cannot read different text.
+
 `gathered(value)` collects one JSON value from every process (e.g. the translations of each
 process's share of a test set).
 """
@@ -62,6 +66,50 @@ def first(name: str, make, read):
   if error:
     raise ProcessZeroFailed(f"process 0 stopped at {name}: {error}")
   return read()
+
+
+class NotProcessZero(RuntimeError):
+  """Raised when a process other than 0 of a multi-host run would read a dataset itself."""
+
+
+def require_process_zero(what: str) -> None:
+  """Stops a process other than 0 of a multi-host run from reading, downloading or preparing
+  `what`: its disk may hold none of it (hosts with separate disks), and only process 0's copy
+  is what the run trains and evaluates on (`first`, `read_once`)."""
+  if jax.process_count() > 1 and jax.process_index() != 0:
+    raise NotProcessZero(f"process {jax.process_index()} of {jax.process_count()} would read "
+                         f"{what} itself; only process 0 reads data (process_zero.read_once)")
+
+
+def read_once(name: str, read):
+  """read() on process 0, and its JSON value (lists for tuples) on every process. An error on
+  process 0 is raised on every process in one line (ProcessZeroFailed on the others)."""
+  if jax.process_count() == 1:
+    return read()
+  if jax.process_index() == 0:
+    try:
+      value, error = read(), ""
+    except Exception as e:
+      value, error = None, f"{type(e).__name__}: {e}"
+      _broadcast_json([None, error])
+      raise
+    return _broadcast_json([value, error])[0]
+  value, error = _broadcast_json(None)
+  if error:
+    raise ProcessZeroFailed(f"process 0 stopped at {name}: {error}")
+  return value
+
+
+def _broadcast_json(value):
+  """Process 0's JSON value on every process (the others pass anything): its size, then its
+  UTF-8 bytes, through multihost_utils.broadcast_one_to_all."""
+  data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  size = int(multihost_utils.broadcast_one_to_all(np.array(data.size, np.int64)))
+  padded = np.zeros(size, np.uint8)
+  if jax.process_index() == 0:
+    padded[:] = data
+  received = np.asarray(multihost_utils.broadcast_one_to_all(padded))
+  return json.loads(bytes(received))
 
 
 def gathered(value) -> list:

@@ -1,12 +1,14 @@
 """A trained run's workdir as evaluate.py and translate.py see it: its config, vocabulary and
 (averaged) parameters, and the test sets it can be scored on."""
+import json
 import os
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aiayn_flax import checkpoints, config_checks, paths, tasks, train_step
+from aiayn_flax import (checkpoints, config_checks, host_agreement, paths, process_zero, tasks,
+                        train_step)
 from aiayn_flax.data import pipeline
 
 
@@ -35,6 +37,9 @@ def load_model_and_params(workdir: str, config, average_last: int = 1):
   model = train_step.make_model(config)
   abstract = jax.eval_shape(lambda: train_step.init_params(model, 0))
   params, steps = checkpoints.load_newest_params(workdir, abstract, average_last)
+  # Each host lists the checkpoints itself: a stale view would decode with other parameters.
+  host_agreement.check({"config": json.loads(config.to_json_best_effort(sort_keys=True)),
+                        "checkpoint steps": steps})
   return model, jax.tree.map(jnp.asarray, params), steps
 
 
@@ -49,8 +54,10 @@ def testset_pairs(testset: str, config) -> tuple[list[str], list[str]]:
   """(sources, references) of a named test set, in file order.
 
   "multi30k/test2016" (or test2017, test2018, test2017_mscoco, validation); "wmt14"
-  (newstest2014 EN->DE); "split:NAME" for a split of the run's own dataset.
+  (newstest2014 EN->DE); "split:NAME" for a split of the run's own dataset. On process 0 of a
+  multi-host run only (evaluate.py hands the others its lines: process_zero.read_once).
   """
+  process_zero.require_process_zero(f"test set {testset}")
   if testset.startswith("multi30k/"):
     from aiayn_flax.data import multi30k
     return multi30k.read_split_pairs(testset.split("/", 1)[1])

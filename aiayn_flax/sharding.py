@@ -6,19 +6,18 @@ units and the vocabulary are split across it (tensor parallelism, Megatron-style
 `fsdp`, the d_model axis of every parameter is also split over `data`. Optimizer moments
 follow their parameters.
 
-Multi-host (a TPU pod slice, several GPU hosts): `initialize_distributed` joins the processes
-before anything touches a device; every host builds the same global batch (its order is a
-function of seed and epoch) and hands each of its devices that device's block (`put_batch`);
-arrays no host holds whole are gathered for reading with `host_copy`;
+Multi-host (a TPU pod slice, several GPU hosts): `cluster.initialize_distributed` joins the
+processes before anything touches a device; every host follows the same global batch order (a
+function of seed and epoch) and builds only the rows its own devices hold
+(`process_row_indices`, `put_process_rows`); arrays no host holds whole are gathered for
+reading with `host_copy`;
 checkpoints are written collectively by orbax, and only host 0 writes logs.
 """
-import os
 
 import flax.linen as nn
 import jax
 import numpy as np
 import optax
-from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 TENSOR_PARALLEL_RULES = (("heads", "model"), ("mlp", "model"), ("vocab", "model"),
@@ -52,44 +51,6 @@ def make_mesh(spec: str, devices=None) -> Mesh:
   return Mesh(np.asarray(devices).reshape(tuple(axes.values())), tuple(axes))
 
 
-def initialize_distributed() -> None:
-  """Joins this process to the others of its run, before anything touches a device, and logs
-  `process i of n, local devices d, global devices D`.
-
-  The cluster is found by JAX's own detection (jax._src.clusters, what
-  `jax.distributed.initialize()` reads when given no arguments): a Cloud TPU VM's metadata
-  (single- and multi-worker slices, multislice), GKE's TPU variables, SLURM, Open MPI, or an
-  explicit JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES and JAX_PROCESS_ID, which JAX itself
-  does not read). Asking each detector `is_env_present()` first is cheap where no cluster is:
-  the TPU detector queries the metadata server only on a VM with TPU chips, the others read
-  environment variables. A detected cluster of one process (a one-host TPU VM, a one-task SLURM
-  job) is not joined: one process needs no coordinator, and joining would let JAX's SLURM
-  detector hide all but one local GPU from it."""
-  explicit = {}
-  if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-    if os.environ.get("JAX_NUM_PROCESSES") and os.environ.get("JAX_PROCESS_ID"):
-      explicit = dict(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-                      process_id=int(os.environ["JAX_PROCESS_ID"]))
-    several = explicit.get("num_processes", 2) > 1  # without a count: JAX detects the rest
-  else:
-    cluster = _detected_cluster()
-    several = cluster is not None and cluster.get_process_count() > 1
-  if several:
-    # The trainer agrees on stops itself, for SIGTERM and SIGINT alike (aiayn_flax/stops.py):
-    # JAX's preemption service would install its own SIGTERM handler beside ours.
-    jax.config.update("jax_enable_preemption_service", False)
-    jax.distributed.initialize(**explicit)
-  logging.info("process %d of %d, local devices %d, global devices %d", jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count())
-
-
-def _detected_cluster():
-  """The cluster environment JAX would join with no arguments, or None (no cluster here)."""
-  from jax._src import clusters  # the detectors jax.distributed.initialize() itself uses
-  return next((env for env in clusters.ClusterEnv._cluster_types
-               if not env.opt_in_only_method and env.is_env_present()), None)
-
-
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P("data"))
 
@@ -106,6 +67,30 @@ def put_batch(batch: dict, sharding: NamedSharding) -> dict:
   hosts)."""
   return jax.tree.map(
       lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), batch)
+
+
+def process_row_indices(batch_sharding: NamedSharding, rows: int) -> np.ndarray:
+  """The rows of a [rows, ...] batch split along `data` that this process's devices hold, in
+  order: what this host builds of a global batch (the rest is other hosts' work)."""
+  spans = sorted({(index[0].start or 0, rows if index[0].stop is None else index[0].stop)
+                  for index in batch_sharding.addressable_devices_indices_map((rows,)).values()})
+  return np.concatenate([np.arange(start, stop) for start, stop in spans])
+
+
+def put_process_rows(batch: dict, sharding: NamedSharding, row_axis: int = 0) -> dict:
+  """Places a batch of which this process holds only its own rows (`process_row_indices`, in
+  order; stacked [K, rows, ...] batches: row_axis 1) on the mesh, every process its part
+  (jax.make_array_from_process_local_data). The global row count follows from the mesh: this
+  process holds `held` of the `data` axis's blocks."""
+  mesh = sharding.mesh
+  blocks = data_parallel_size(mesh)
+  held = len(process_row_indices(batch_sharding(mesh), blocks))
+
+  def put(x):
+    global_shape = list(x.shape)
+    global_shape[row_axis] = x.shape[row_axis] * blocks // held
+    return jax.make_array_from_process_local_data(sharding, x, tuple(global_shape))
+  return jax.tree.map(put, batch)
 
 
 def host_copy(tree):

@@ -7,11 +7,12 @@ import time
 import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 from clu import metric_writers
 from etils import epath
 
-from aiayn_flax import (checkpoints, config_checks, paths, provenance, sharding, stops, tasks,
-                        train_step, workdir_lease)
+from aiayn_flax import (checkpoints, config_checks, host_agreement, paths, process_zero,
+                        provenance, sharding, stops, tasks, train_step, workdir_lease)
 from aiayn_flax.data import bucketing, pipeline, prefetch
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
@@ -24,13 +25,13 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "decode_extra_length", "decode_batch_size", "decode_constrained", "average_last_checkpoints",
     "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
     "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches",
-    "compilation_cache_dir"})
+    "compilation_cache_dir", "host_local_batches"})
 # Fields that earlier versions saved and that no longer exist (they were never read): a run
 # that saved them resumes without a conflict.
 REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer",
                             "eval_bleu_sentences"})  # renamed eval_decode_sentences
 # Fields added since, with the value that runs saved before them had in effect.
-ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0}
+ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": False}
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -71,10 +72,11 @@ def real_tokens(batch: dict) -> int:
 
 class Progress:
   """Host-side figures between log lines: steps/s, real tokens/s, ETA, and the real tokens
-  per optimizer step (per side) and padding of the batches trained on."""
+  per optimizer step (per side) and padding of the batches trained on. `rows_split`: each host
+  counts only its rows, and the counts are summed over the hosts at each update."""
 
-  def __init__(self, start_step: int, total_steps: int):
-    self.total_steps = total_steps
+  def __init__(self, start_step: int, total_steps: int, rows_split: bool = False):
+    self.total_steps, self.rows_split = total_steps, rows_split
     self.last_step, self.last_time = start_step, time.time()
     self.sources = self.targets = self.slots = 0
 
@@ -88,6 +90,10 @@ class Progress:
     elapsed = max(now - self.last_time, 1e-9)
     steps = max(step - self.last_step, 1)
     steps_per_s = (step - self.last_step) / elapsed
+    if self.rows_split and jax.process_count() > 1:  # one small gather per log line
+      self.sources, self.targets, self.slots = (int(n) for n in np.sum(
+          multihost_utils.process_allgather(
+              np.array([self.sources, self.targets, self.slots], np.int64)), axis=0))
     real = self.sources + self.targets
     rates = {"steps_per_s": steps_per_s, "tokens_per_s": real / elapsed,
              "eta_s": (self.total_steps - step) / max(steps_per_s, 1e-9),
@@ -133,10 +139,10 @@ def steps_to_next_event(step: int, config) -> int:
                                                    config.eval_every_steps)])
 
 
-def evaluate_loss(eval_fn, params, batches, batch_sharding) -> dict:
+def evaluate_loss(eval_fn, params, batches, input_rows) -> dict:
   sums = None
-  for _, batch in batches.iterate(num_epochs=1):
-    metrics = eval_fn(params, sharding.put_batch(batch, batch_sharding))
+  for _, batch in batches.iterate(num_epochs=1, rows_of=input_rows.rows_of):
+    metrics = eval_fn(params, input_rows.put(batch))
     sums = metrics if sums is None else jax.tree.map(np.add, sums, metrics)
   return train_step.summarize(jax.device_get(sums))
 
@@ -148,6 +154,28 @@ def evaluate_translations(translator, params, sources, references, task) -> dict
   and the processes share the sentences out (translator.py)."""
   translator.params = params
   return task.validation_metrics(sources, translator.translate(sources), references)
+
+
+class InputRows:
+  """Which rows of each batch this host builds, and how they reach the devices: its own rows
+  (config.host_local_batches, the default) or, to check against, every row of the batch."""
+
+  def __init__(self, mesh, host_local: bool):
+    self.batch_sharding = sharding.batch_sharding(mesh)
+    self.stacked_sharding = sharding.stacked_batch_sharding(mesh)
+    self.host_local = host_local
+    self.rows_of = (lambda rows: sharding.process_row_indices(self.batch_sharding, rows)
+                    ) if host_local else None
+
+  def put(self, batch: dict) -> dict:
+    if self.host_local:
+      return sharding.put_process_rows(batch, self.batch_sharding)
+    return sharding.put_batch(batch, self.batch_sharding)
+
+  def put_stacked(self, stacked: dict) -> dict:
+    if self.host_local:
+      return sharding.put_process_rows(stacked, self.stacked_sharding, row_axis=1)
+    return sharding.put_batch(stacked, self.stacked_sharding)
 
 
 def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shards: int):
@@ -186,6 +214,16 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   with the final parameters' digest. Refuses a workdir that a live run holds."""
   config_checks.check_config(config)
   with workdir_lease.held(workdir):  # one run per workdir
+    # Before any host reads data: the hosts must share the workdir (the vocabulary, the token
+    # cache and the checkpoints are there), which they do if all see process 0's lease.
+    # And they must train the same config: checked now, as a config that tokenizes otherwise
+    # would stop one host alone at the token cache.
+    lease = workdir_lease.read_lease(paths.workdir_path(workdir) / workdir_lease.LEASE_FILENAME)
+    host_agreement.check({
+        "view of the workdir's run.lease": (lease or {}).get("run"),
+        "config": config_dict(config)}, {
+        "view of the workdir's run.lease": f"{workdir} must be one folder that every host of "
+        "the run sees (gs://BUCKET/..., or a filesystem all hosts mount), not a local disk"})
     return _train_and_evaluate(config, workdir, force_resume)
 
 
@@ -193,8 +231,7 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
   workdir = str(paths.workdir_path(workdir))  # a local folder or gs://bucket/run
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh)
-  batch_sharding = sharding.batch_sharding(mesh)
-  stacked_batch_sharding = sharding.stacked_batch_sharding(mesh)
+  input_rows = InputRows(mesh, config.host_local_batches)
   logging.info("devices: %s; mesh: %s", jax.devices(), dict(mesh.shape))
 
   task = tasks.for_config(config)
@@ -229,6 +266,10 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
   mngr = checkpoints.manager(workdir, keep=max(config.keep_checkpoints,
                                                config.average_last_checkpoints),
                              asynchronous=config.checkpoint_asynchronously)
+  host_agreement.check({  # or every host stops, naming the first difference
+      "vocabulary": host_agreement.file_digest(getattr(vocab, "model_path", None)),
+      "batch plan": [train_batches.plan_digest(), eval_batches.plan_digest()],
+      "checkpoint steps": sorted(mngr.all_steps())})
   new_state = lambda: train_step.create_train_state(config, model)  # noqa: E731
   state_sharding = sharding.train_state_shardings(
       mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model), config.fsdp)
@@ -239,8 +280,9 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
   rng = train_step.dropout_key(config.seed)
   num_bleu = task.validation_sentences(config)
   if num_bleu:
-    bleu_sources, bleu_references = (lines[:num_bleu] for lines in task.sources_and_references(
-        config, config.dataset.eval_split))
+    bleu_sources, bleu_references = process_zero.read_once(  # hosts' disks may differ
+        "validation text", lambda: [lines[:num_bleu] for lines in task.sources_and_references(
+            config, config.dataset.eval_split)])
     translator = Translator(model, None, vocab, beam_size=1,
                             extra_length=config.decode_extra_length,
                             batch_size=config.decode_batch_size,
@@ -260,11 +302,12 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
     checkpoints.save(mngr, step, state, {"position": position.__dict__} | run_meta)
 
   step = start_step = int(state.step)
-  progress = Progress(step, config.num_train_steps)
+  progress = Progress(step, config.num_train_steps, rows_split=input_rows.host_local)
   sums, summary = None, {}
   stopped_by = None
   with stops.StopSignals() as signals, contextlib.closing(prefetch.prefetched(
-      train_batches.iterate(position), config.prefetch_batches)) as batches:
+      train_batches.iterate(position, rows_of=input_rows.rows_of),
+      config.prefetch_batches)) as batches:
     stop_agreement = stops.StopAgreement(signals, wait=wait_each_step)
     runs = RunsOfOneShape(batches)
     while step < config.num_train_steps:
@@ -274,13 +317,13 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
         for _, batch in run:
           progress.add(batch)
         stacked = stack_batches([batch for _, batch in run], steps_per_call)
-        state, metrics = programs.steps_fn(
-            state, sharding.put_batch(stacked, stacked_batch_sharding), len(run), rng)
+        state, metrics = programs.steps_fn(state, input_rows.put_stacked(stacked), len(run),
+                                           rng)
         step += len(run)
       elif accumulation == 1:
         position, batch = next(batches)
         progress.add(batch)
-        state, metrics = programs.step_fn(state, sharding.put_batch(batch, batch_sharding), rng)
+        state, metrics = programs.step_fn(state, input_rows.put(batch), rng)
         step += 1
       else:  # sum gradients over micro-batches, then one update per real target token
         accumulated = None
@@ -288,8 +331,7 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
           position, batch = next(batches)
           progress.add(batch)
           accumulated = programs.accumulate_fn(
-              accumulated, state.params, sharding.put_batch(batch, batch_sharding), rng,
-              state.step, micro_step)
+              accumulated, state.params, input_rows.put(batch), rng, state.step, micro_step)
           if wait_each_step:
             jax.block_until_ready(accumulated)
         state, metrics = programs.apply_fn(state, *accumulated)
@@ -320,7 +362,7 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
 
       if step % config.eval_every_steps == 0 or last:
         evaluation = {f"valid/{k}": v for k, v in evaluate_loss(
-            programs.eval_fn, state.params, eval_batches, batch_sharding).items()}
+            programs.eval_fn, state.params, eval_batches, input_rows).items()}
         if num_bleu:
           evaluation |= {f"valid/{k}": v for k, v in evaluate_translations(
               translator, state.params, bleu_sources, bleu_references, task).items()}

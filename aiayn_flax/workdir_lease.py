@@ -9,6 +9,15 @@ asked), while its heartbeat is fresher than STALE_SECONDS. So a run killed witho
 remove its lease (SIGKILL, a preempted VM) does not block its own resumption: at once on the
 same host, after STALE_SECONDS from another. Through etils.epath: gs:// workdirs work alike.
 
+A pid alone does not name a process for long: a restarted container (Docker, Kubernetes, GKE
+JobSet) usually hands its new trainer the pid the old one had, often 1, and a rebooted host
+reuses pids too. So the lease also records the host's boot id (/proc/sys/kernel/random/boot_id)
+and the holder's start time (/proc/PID/stat, field 22), and on the same host its holder is
+live only if the pid answers, from the same boot, with the same start time; and a lease
+naming this very process, which it did not take itself, was written by a previous incarnation
+(the same pid, before a restart or an exec). Without /proc (macOS), or in a lease written before
+these fields, the pid alone decides, as before.
+
 (Two runs started within the same second can both miss each other's lease: the lease guards
 against the common mistake, a second command on a workdir in use, not against a race.)
 """
@@ -35,12 +44,42 @@ class WorkdirInUse(ValueError):
   pass
 
 
+# The runs whose leases this process holds: a lease naming this process's pid is live only if
+# it is one of these (the process took it), not if a previous incarnation with its pid wrote it.
+_TAKEN_HERE: set[str] = set()
+
+
 def is_live(lease: dict, now: float | None = None) -> bool:
   """Whether the lease's run is still running (see the module's docstring)."""
   if lease.get("host") == socket.gethostname():
-    return _pid_alive(int(lease.get("pid", 0)))
+    pid = int(lease.get("pid", 0))
+    if pid == os.getpid():
+      return lease.get("run") in _TAKEN_HERE
+    if None not in (lease.get("boot_id"), boot_id()) and lease["boot_id"] != boot_id():
+      return False  # written before the host (or the container's host) rebooted
+    if not _pid_alive(pid):
+      return False
+    started, now_started = lease.get("pid_started"), process_start_time(pid)
+    return None in (started, now_started) or started == now_started  # else: the pid reused
   now = time.time() if now is None else now
   return now - float(lease.get("heartbeat", 0)) < STALE_SECONDS
+
+
+def boot_id() -> str | None:
+  """This host's boot id (a new one at every boot), or None without /proc."""
+  try:
+    return open("/proc/sys/kernel/random/boot_id").read().strip()
+  except OSError:
+    return None
+
+
+def process_start_time(pid: int) -> int | None:
+  """When process pid started, in clock ticks after boot (/proc/PID/stat, field 22), or None
+  without /proc or without that process."""
+  try:  # the name (field 2) may hold spaces and parentheses: the fields after its last ")"
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
+  except (OSError, IndexError, ValueError):
+    return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -82,7 +121,9 @@ class Lease:
     self.path = path
     now = time.time()
     self.record = {"host": socket.gethostname(), "pid": os.getpid(), "run": uuid.uuid4().hex,
-                   "started": _utc(now)}
+                   "started": _utc(now), "boot_id": boot_id(),
+                   "pid_started": process_start_time(os.getpid())}
+    _TAKEN_HERE.add(self.record["run"])
     self._stop = threading.Event()
     self._write(now)
     self._thread = threading.Thread(target=self._renew, name="workdir-lease", daemon=True)
@@ -108,6 +149,7 @@ class Lease:
     self._thread.join()
     if self.is_ours():
       self.path.unlink(missing_ok=True)
+    _TAKEN_HERE.discard(self.record["run"])
 
 
 def take(workdir) -> Lease:

@@ -142,6 +142,10 @@ def get_config(row: str = ""):
   # Training batches assembled ahead on a background thread (0: on the training thread); the
   # same batches either way (bench/input_pipeline.py measures the assembly).
   c.prefetch_batches = 2
+  # Several hosts: each builds only the rows of a batch that its own devices hold (False:
+  # every host builds every row and keeps its share, as before; the same batches either way,
+  # a multiple of the host memory and time, kept to check that both agree).
+  c.host_local_batches = True
   # JAX's persistent compilation cache (aiayn_flax/compilation_cache.py): "" is
   # $JAX_COMPILATION_CACHE_DIR when set, else WORKDIR/xla_cache; a folder or gs:// path;
   # "off" compiles everything at every start.

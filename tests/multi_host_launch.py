@@ -12,6 +12,7 @@ the coordinator's bind.
 """
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -21,13 +22,33 @@ from conftest import REPO
 
 
 @contextlib.contextmanager
-def reserved_port():
-  """A TCP port the OS chose, kept bound (not listening) while the block runs."""
+def reserved_port(within: range | None = None):
+  """A free TCP port (the OS's choice, or one of `within`, tried in random order), kept bound
+  (not listening) while the block runs."""
   with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    s.bind(("::", 0))
+    for port in random.sample(within, len(within)) if within else [0]:
+      if port and not _nobody_holds(port):  # a port someone else bound with SO_REUSEPORT too
+        continue
+      try:
+        s.bind(("::", port))
+        break
+      except OSError:
+        if port == 0:
+          raise
+    else:
+      raise OSError(f"no free port in {within}")
     yield s.getsockname()[1]
+
+
+def _nobody_holds(port: int) -> bool:
+  with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+    try:
+      probe.bind(("::", port))
+      return True
+    except OSError:
+      return False
 
 
 def cluster_env(port: int, num_processes: int, process_id: int, devices: int) -> dict:

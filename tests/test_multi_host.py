@@ -2,6 +2,7 @@
 CPU devices each, against the same flags on 1 process with 8 devices. Parameters that no host
 holds whole (FSDP across hosts, a `model` axis spanning hosts) must train to the end, and to the
 same parameters as on one process."""
+import os
 import re
 
 import jax
@@ -27,9 +28,16 @@ MODEL_AXIS_FLAGS = ["--config.mesh=data:1,model:8", "--config.model.num_heads=8"
 
 
 # Joins (or not) as train.py does, then says what it sees.
-JOIN = ["-c", "import jax; from aiayn_flax import sharding; sharding.initialize_distributed(); "
+JOIN = ["-c", "import jax; from aiayn_flax import cluster; cluster.initialize_distributed(); "
               "print('joined', jax.distributed.is_initialized(), 'process', jax.process_index(), "
               "'of', jax.process_count(), 'devices', jax.device_count())"]
+# The same, logging at INFO (the local device ids asked for), with JAX's private cluster
+# detectors made unimportable for us (JAX keeps its own reference) where the test says so.
+JOIN_LOGGED = ["-c", "import sys; from absl import logging; logging.set_verbosity('info'); "
+                     "import jax; import jax._src\n"
+                     "if sys.argv[1:] == ['moved']:\n"
+                     "  sys.modules['jax._src.clusters'] = None; del jax._src.clusters\n"
+                     + JOIN[1]]
 NO_EXPLICIT_COORDINATOR = {"JAX_COORDINATOR_ADDRESS": None, "JAX_NUM_PROCESSES": None,
                            "JAX_PROCESS_ID": None}
 
@@ -67,6 +75,30 @@ def test_fsdp_across_hosts_trains_to_the_end_as_on_one_process(tmp_path):
   assert_trains_as_on_one_process(tmp_path, "--config.fsdp=True")
 
 
+LOSS = re.compile(r"step (\d+)/\d+: loss ([0-9.]+)")
+
+
+@pytest.mark.slow
+def test_hosts_building_only_their_own_rows_train_as_hosts_building_every_row(tmp_path):
+  """Each of 2 hosts builds half of every batch (config.host_local_batches): the parameters
+  are bit for bit those of hosts that each build every row, and the loss curve (summed over
+  the hosts' rows) is the one process's."""
+  own, every = (launch([*FLAGS, f"--config.host_local_batches={local}",
+                        f"--workdir={tmp_path / str(local)}"], 2, 4) for local in (True, False))
+  assert digest_of(own[0]) == digest_of(own[1]) == digest_of(every[0])
+  one = launch([*FLAGS, f"--workdir={tmp_path / 'one'}"], 1, 8)[0]
+  curves = [[(int(step), float(loss)) for step, loss in LOSS.findall(result.stderr)]
+            for result in (own[0], every[0], one)]
+  assert [step for step, _ in curves[0]] == [5, 10]
+  assert curves[0] == curves[1]
+  # (logged to 3 decimals; the sums of 2 processes and of 1 differ in their last bits)
+  np.testing.assert_allclose([loss for _, loss in curves[0]], [loss for _, loss in curves[2]],
+                             atol=1.5e-3)
+  tokens = [re.findall(r"\| ([0-9]+)/([0-9]+) real tokens/step", result.stderr)
+            for result in (own[0], one)]
+  assert tokens[0] == tokens[1] != []  # each host's counts, summed: the whole batch's
+
+
 @pytest.mark.slow
 def test_model_axis_spanning_hosts_trains_to_the_end_as_on_one_process(tmp_path):
   assert_trains_as_on_one_process(tmp_path, *MODEL_AXIS_FLAGS)
@@ -75,16 +107,19 @@ def test_model_axis_spanning_hosts_trains_to_the_end_as_on_one_process(tmp_path)
 @pytest.mark.slow
 def test_processes_join_through_jax_cluster_detection():
   """Open MPI's variables (as mpirun sets them), no JAX_* ones: JAX's detector finds the
-  cluster (the coordinator's port given by JAX_COORDINATOR_PORT, held until it is used)."""
+  cluster (the coordinator's port given by JAX_COORDINATOR_PORT, held until it is used). Both
+  ranks see the host's 2 GPUs: each asks for its own."""
   with reserved_port() as port:
-    results = launch(JOIN, 2, 1, env=NO_EXPLICIT_COORDINATOR | {
+    results = launch([*JOIN_LOGGED, "present"], 2, 1, env=NO_EXPLICIT_COORDINATOR | {
         "JAX_COORDINATOR_PORT": str(port), "OMPI_MCA_orte_hnp_uri": "1.0;tcp://127.0.0.1:1",
-        "OMPI_COMM_WORLD_SIZE": "2"}, process_env={
+        "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "CUDA_VISIBLE_DEVICES": "0,1"}, process_env={
             i: {"OMPI_COMM_WORLD_RANK": str(i), "OMPI_COMM_WORLD_LOCAL_RANK": str(i)}
             for i in range(2)})
   for index, result in enumerate(results):
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"joined True process {index} of 2 devices 2" in result.stdout
+    assert re.findall(r"local device ids asked for: (.*)", result.stderr) == [str(index)]
 
 
 @pytest.mark.slow
@@ -92,7 +127,43 @@ def test_processes_join_through_jax_cluster_detection():
     {},  # a laptop, one host
     {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "1",
      "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}])  # a one-task SLURM job
-def test_one_process_alone_starts_no_coordinator(cluster):
-  [result] = launch(JOIN, 1, 2, env=cluster)
+@pytest.mark.parametrize("jax_detection", ["present", "moved"])
+def test_one_process_alone_starts_no_coordinator(cluster, jax_detection):
+  [result] = launch([*JOIN_LOGGED, jax_detection], 1, 2, env=cluster)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "joined False process 0 of 1 devices 2" in result.stdout
+  assert ("is not where it was" in result.stderr) == (jax_detection == "moved")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("jax_detection", ["present", "moved"])
+def test_srun_tasks_bound_to_one_gpu_each_join_and_ask_for_the_gpu_they_see(tmp_path,
+                                                                           jax_detection):
+  """`srun --ntasks-per-node=2 --gpus-per-task=1` on one node: each task sees its own GPU as
+  CUDA_VISIBLE_DEVICES=<k>, numbered 0 inside the task (JAX's own guess, the local rank, asks
+  task 1 for a GPU 1 it does not have). JAX's SLURM detector finds the coordinator at the first
+  node of the step and port SLURM_JOB_ID % 4096 + 61440 (a free one, reserved until used); each
+  task has its own HOME and TMPDIR. With JAX's detectors moved, the launcher's variables say
+  that there are 2 tasks, in one warning line."""
+  with reserved_port(within=range(61440, 65536)) as port:
+    job_id = 4096 * 300 + port - 61440
+    slurm = {"SLURM_JOB_ID": str(job_id), "SLURM_STEP_NODELIST": "localhost",
+             "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_NTASKS": "2",
+             "SLURM_NTASKS_PER_NODE": "2", "SLURM_STEP_TASKS_PER_NODE": "2",
+             "SLURM_TASKS_PER_NODE": "2", "SLURM_GPUS_PER_TASK": "1"}
+    homes = {i: {"HOME": str(tmp_path / f"home{i}"), "TMPDIR": str(tmp_path / f"tmp{i}")}
+             for i in range(2)}
+    for dirs in homes.values():
+      for folder in dirs.values():
+        os.makedirs(folder)
+    results = launch([*JOIN_LOGGED, jax_detection], 2, 2, env=NO_EXPLICIT_COORDINATOR | slurm,
+                     process_env={i: homes[i] | {"SLURM_PROCID": str(i), "SLURM_LOCALID": str(i),
+                                                 "CUDA_VISIBLE_DEVICES": str(i)}
+                                  for i in range(2)})
+  for index, result in enumerate(results):
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"joined True process {index} of 2 devices 4" in result.stdout
+    assert re.findall(r"local device ids asked for: (.*)", result.stderr) == ["0"]
+    moved = re.findall(r"cluster detection \(jax._src.clusters\) is not where it was.*",
+                       result.stderr)
+    assert len(moved) == (jax_detection == "moved")

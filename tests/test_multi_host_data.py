@@ -58,11 +58,33 @@ def coordinator_port():
     yield s.getsockname()[1]
 
 
-def run_processes(args: list[str], processes: int, devices: int, timeout: float = 600):
+# Each process's own disk, as on hosts that share nothing but the workdir: HOME, the temporary
+# folder, tfds' data folder and the user cache. Only process 0 is given the data.
+HOST_FOLDERS = {"HOME": "home", "TMPDIR": "tmp", "TFDS_DATA_DIR": "tensorflow_datasets",
+                "XDG_CACHE_HOME": "cache"}
+
+
+def host_environment(hosts: pathlib.Path, index: int) -> dict:
+  folders = {name: hosts / f"host{index}" / sub for name, sub in HOST_FOLDERS.items()}
+  for folder in folders.values():
+    folder.mkdir(parents=True, exist_ok=True)
+  env = {name: str(folder) for name, folder in folders.items()}
+  if index > 0:
+    env["AIAYN_DATA_DIR"] = None  # this host has no copy of the data
+  return env
+
+
+def files_under(folder: pathlib.Path) -> list[str]:
+  return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def run_processes(args: list[str], processes: int, devices: int, timeout: float = 600,
+                  hosts: pathlib.Path | None = None, args_of: dict | None = None):
   """Runs `python ARGS` as `processes` joined processes of `devices` CPU devices each (one
-  process: not joined); [(exit status, stderr + stdout, stdout)] in process order. Their
-  output goes to files: a pipe left unread while waiting for another process would fill and
-  stop its writer, and the collectives with it."""
+  process: not joined); [(exit status, stderr + stdout, stdout)] in process order. With
+  `hosts`, each process has its own folders there (`host_environment`); `args_of[i]` adds to
+  process i's arguments. Their output goes to files: a pipe left unread while waiting for
+  another process would fill and stop its writer, and the collectives with it."""
   with coordinator_port() as port, tempfile.TemporaryDirectory() as folder:
     started, files = [], []
     for index in range(processes):
@@ -72,11 +94,15 @@ def run_processes(args: list[str], processes: int, devices: int, timeout: float 
                     JAX_PROCESS_ID=str(index)) if processes > 1 else {}
       env = environment(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                         **joined)
+      if hosts:
+        for name, value in host_environment(hosts, index).items():
+          env.pop(name, None) if value is None else env.update({name: value})
       out, err = (pathlib.Path(folder) / f"{index}.{name}" for name in ("out", "err"))
       files.append((out, err))
       with out.open("w") as stdout, err.open("w") as stderr:
-        started.append(subprocess.Popen([sys.executable, *args], cwd=REPO, env=env,
-                                        stdout=stdout, stderr=stderr))
+        started.append(subprocess.Popen(
+            [sys.executable, *args, *(args_of or {}).get(index, [])], cwd=REPO, env=env,
+            stdout=stdout, stderr=stderr))
     try:
       for p in started:
         p.wait(timeout=timeout)
@@ -91,13 +117,84 @@ def run_processes(args: list[str], processes: int, devices: int, timeout: float 
 
 
 @pytest.fixture(scope="module")
-def two_process_run(shared_data, tmp_path_factory):
-  """A tiny Multi30k run trained by 2 processes x 4 devices: (workdir, [output of each])."""
+def hosts(tmp_path_factory):
+  """The folder of each host's own disk (`host_environment`), for every run of this module."""
+  return tmp_path_factory.mktemp("hosts")
+
+
+@pytest.fixture(scope="module")
+def two_process_run(shared_data, hosts, tmp_path_factory):
+  """A tiny Multi30k run trained by 2 processes x 4 devices, each with its own HOME, temporary,
+  tfds and cache folders, the data on process 0's alone; the workdir is what they share:
+  (workdir, [output of each])."""
   workdir = tmp_path_factory.mktemp("two_process_run")
-  results = run_processes(["train.py", f"--workdir={workdir}", *TINY_MULTI30K], 2, 4)
+  results = run_processes(["train.py", f"--workdir={workdir}", *TINY_MULTI30K], 2, 4,
+                          hosts=hosts)
   outputs = [output for _, output, _ in results]
   assert [status for status, _, _ in results] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
   return workdir, outputs
+
+
+@pytest.mark.slow
+def test_hosts_with_separate_disks_train_evaluate_and_resume_with_the_data_on_host_zero_alone(
+    two_process_run, hosts, shared_data, tmp_path):
+  from aiayn_flax.data import text_files
+  workdir, _ = two_process_run
+  resumed = tmp_path / "run"
+  shutil.copytree(workdir, resumed)
+  results = run_processes(["train.py", f"--workdir={resumed}", *TINY_MULTI30K,
+                           "--config.num_train_steps=6"], 2, 4, hosts=hosts)
+  assert [status for status, _, _ in results] == [0, 0], results[1][1][-3000:]
+  assert all("Resumed from step 4 " in output for _, output, _ in results)
+  # A test set on host 0's disk alone.
+  own = hosts / "host0" / "home"
+  for language in ("en", "de"):
+    lines = text_files.read_lines(str(shared_data / "multi30k" / f"val.{language}.gz"))[:24]
+    (own / f"test.{language}").write_text("".join(line + "\n" for line in lines), "utf-8")
+  results = run_processes(["evaluate.py", f"--workdir={resumed}", "--beam_size=1",
+                           f"--src_file={own / 'test.en'}", f"--ref_file={own / 'test.de'}",
+                           "--average_last=1"], 2, 4, hosts=hosts)
+  assert [status for status, _, _ in results] == [0, 0], results[1][1][-3000:]
+  assert "BLEU" in results[0][2]
+  assert len((resumed / "eval" / "test.en.beam1_avg1_step6.hyp").read_text().splitlines()) == 24
+  # Host 1 has no AIAYN_DATA_DIR: had it read Multi30k it would have downloaded it (offline,
+  # failed). Nothing of the data reached its folders.
+  assert not [path for path in files_under(hosts / "host1")
+              if re.search(r"multi30k|downloads|\.gz$|tfrecord", path)], files_under(
+                  hosts / "host1")
+
+
+def error_lines(output: str) -> list[str]:
+  assert "Traceback" not in output, output[-3000:]
+  return [line for line in output.splitlines() if line.startswith("train.py: error: ")]
+
+
+@pytest.mark.slow
+def test_hosts_that_disagree_or_do_not_share_the_workdir_all_stop_in_one_line(
+    two_process_run, hosts, tmp_path):
+  workdir, _ = two_process_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  results = run_processes(["train.py", f"--workdir={run}", *TINY_MULTI30K], 2, 4, hosts=hosts,
+                          args_of={1: ["--config.label_smoothing=0.2"]})
+  for status, output, _ in results:
+    assert status == 1, output[-3000:]
+    assert error_lines(output) == [
+        "train.py: error: host 1 differs from host 0 in its config: label_smoothing: 0.1 on "
+        "host 0, 0.2 on host 1"]
+  # Host 1 names a workdir on its own disk: it cannot see host 0's lease.
+  local = hosts / "host1" / "home" / "run"
+  results = run_processes(["train.py", f"--workdir={run}", *TINY_MULTI30K], 2, 4, hosts=hosts,
+                          args_of={1: [f"--workdir={local}"]})
+  for index, (status, output, _) in enumerate(results):
+    assert status == 1, output[-3000:]
+    [line] = error_lines(output)
+    assert re.fullmatch(
+        r'train\.py: error: host 1 differs from host 0 in its view of the workdir\'s run\.lease: '
+        rf'"[0-9a-f]{{32}}" on host 0, null on host 1; {re.escape(str(run if index == 0 else local))} '
+        r"must be one folder that every host of the run sees \(gs://BUCKET/\.\.\., or a "
+        r"filesystem all hosts mount\), not a local disk", line)
+  assert not (local / "vocab.model").exists() and not (local / "tokenized").exists()
 
 
 @pytest.mark.slow
@@ -287,3 +384,13 @@ def test_a_truncated_vocabulary_is_one_line_naming_the_file(two_process_run, tmp
       "model; restore it from a copy, or delete it and the tokenized/ folder beside it to "
       "train it again (the same data and seed train the same vocabulary)")
   assert "Traceback" not in result.stderr
+
+
+def test_hosts_name_the_first_difference_as_a_dotted_key():
+  from aiayn_flax import host_agreement
+  ours = {"model": {"d_model": 512, "num_heads": 8}, "seed": 0}
+  assert host_agreement.first_difference(ours, {"model": {"d_model": 256, "num_heads": 4},
+                                                "seed": 1}) == ("model.d_model", 512, 256)
+  assert host_agreement.first_difference(ours, ours | {"extra": 1}) == ("extra", None, 1)
+  assert host_agreement.first_difference([4, 8], [4]) == ("", [4, 8], [4])
+  host_agreement.check({"config": ours})  # one process: nothing to compare

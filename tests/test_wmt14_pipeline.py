@@ -8,11 +8,12 @@ from contextlib import redirect_stdout
 
 import numpy as np
 import pytest
+from etils import epath
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from aiayn_flax import devices, dry_run, flops, tasks
-from aiayn_flax.data import bucketing, pipeline, source_text, tokenized, vocabulary
+from aiayn_flax.data import bucketing, pipeline, ragged, source_text, tokenized, vocabulary
 from aiayn_flax.data.ragged import EMPTY_ROW, RaggedIds
 from configs import base, big, big_enfr
 
@@ -135,6 +136,41 @@ def test_tokenized_splits_are_cached_beside_the_vocabulary(mocked_wmt14, tmp_pat
                                        task=tasks.for_config(config))
 
 
+def test_the_token_cache_is_read_memory_mapped_with_the_ids_written(tmp_path):
+  rng = np.random.default_rng(0)
+  sides = [ragged.from_parts([rng.integers(3, 37_000, 700, dtype=np.uint16)],
+                             [np.full(100, 7, np.int64)], np.uint16) for _ in range(2)]
+  path = tmp_path / "cache.npz"
+  tokenized._write_tokenized(epath.Path(path), "key", tokenized.TokenizedSplit(*sides, 3, 4))
+  read = tokenized._read_tokenized(epath.Path(path), "key")
+  for written, mapped in zip(sides, (read.sources, read.targets)):
+    assert isinstance(mapped.flat, np.memmap) and isinstance(mapped.offsets, np.memmap)
+    np.testing.assert_array_equal(mapped.flat, written.flat)
+    np.testing.assert_array_equal(mapped.offsets, written.offsets)
+  assert (read.skipped_empty, read.skipped_long) == (3, 4)
+  assert tokenized._read_tokenized(epath.Path(path), "another key") is None
+  empty = ragged.from_parts([], [], np.uint16)  # a split with no pair left: nothing to map
+  tokenized._write_tokenized(epath.Path(path), "key", tokenized.TokenizedSplit(empty, empty))
+  assert len(tokenized._read_tokenized(epath.Path(path), "key").sources) == 0
+
+
+def test_a_host_builds_exactly_its_rows_of_every_batch():
+  rng = np.random.default_rng(1)
+  lengths = rng.integers(1, 30, 400)
+  ids = [ragged.from_parts([rng.integers(3, 99, int(lengths.sum()), dtype=np.uint16)],
+                           [lengths], np.uint16) for _ in range(2)]
+  stream = bucketing.TokenBucketedBatches(*ids, [8, 16, 32], 256, batch_multiple=4, seed=3)
+  whole = list(stream.iterate(num_epochs=1))
+  for host in range(2):  # host 1 of 2 holds rows [n/2, n) of each n-row batch
+    rows_of = lambda n: np.arange(host * n // 2, (host + 1) * n // 2)  # noqa: E731
+    for (position, full), (own_position, own) in zip(whole, stream.iterate(num_epochs=1,
+                                                                           rows_of=rows_of)):
+      assert position == own_position
+      rows = rows_of(len(full["inputs"]))
+      np.testing.assert_array_equal(own["inputs"], full["inputs"][rows])
+      np.testing.assert_array_equal(own["targets"], full["targets"][rows])
+
+
 def test_ragged_ids_read_like_a_list_of_arrays():
   ragged = RaggedIds(np.arange(10, dtype=np.uint16), np.array([0, 3, 3, 7, 10]))
   as_list = [np.arange(0, 3), np.arange(3, 3), np.arange(3, 7), np.arange(7, 10)]
@@ -228,3 +264,11 @@ def test_scale_md_holds_the_table_the_dry_run_prints():
   assert table.count("\n") == 1 + 2 * (len(dry_run.TABLE_HARDWARE) + 1)
   assert "| base | 8 x P100 (paper, measured) | 8 | float32 |" in table
   assert table in (REPO / "docs" / "SCALE.md").read_text()
+
+
+def test_prepare_data_prepares_a_tfds_dataset_and_says_where(mocked_wmt14, tmp_path):
+  config = small_wmt14_config()
+  config.dataset.data_dir = str(tmp_path)  # (tfds' mock reads its own metadata folder instead)
+  assert source_text.prepare(config.dataset).startswith("wmt14_translate/de-en: prepared in /")
+  config.dataset.name = "multi30k"
+  assert source_text.prepare(config.dataset) == "multi30k: read from its files, nothing to prepare"

@@ -16,6 +16,9 @@ pure function of (seed, epoch), so that a resumed run sees exactly the batches t
 uninterrupted run would have seen (`BatchPosition`).
 """
 import dataclasses
+import functools
+import hashlib
+import json
 import math
 from collections.abc import Iterator
 
@@ -160,17 +163,31 @@ class TokenBucketedBatches:
     return {"inputs": self.sources.padded_rows(indices, boundary, PAD_ID),
             "targets": self.targets.padded_rows(indices, boundary, PAD_ID)}
 
-  def iterate(self, start: BatchPosition = BatchPosition(),
-              num_epochs: int | None = None) -> Iterator[tuple[BatchPosition, dict]]:
-    """Yields (position after this batch, batch), from `start` on."""
+  def iterate(self, start: BatchPosition = BatchPosition(), num_epochs: int | None = None,
+              rows_of=None) -> Iterator[tuple[BatchPosition, dict]]:
+    """Yields (position after this batch, batch), from `start` on. `rows_of(n)`, when given,
+    names the rows of an n-row batch to build (a host's own: sharding.process_row_indices);
+    the batch order, and so every row's content, is the same either way."""
+    rows_of = functools.cache(rows_of) if rows_of else None  # a few row counts: one per bucket
     epoch, index = start.epoch, start.index
     while num_epochs is None or epoch < start.epoch + num_epochs:
       batches = self.epoch(epoch)
       for i in range(index, len(batches)):
         following = BatchPosition(epoch, i + 1) if i + 1 < len(batches) else BatchPosition(
             epoch + 1, 0)
-        yield following, self.batch(*batches[i])
+        boundary, indices = batches[i]
+        yield following, self.batch(boundary, indices[rows_of(len(indices))] if rows_of
+                                    else indices)
       epoch, index = epoch + 1, 0
+
+  def plan_digest(self) -> str:
+    """sha256 of what decides the batches (example lengths, buckets, rows, seed, grouping):
+    hosts of one run must agree on it (host_agreement)."""
+    digest = hashlib.sha256(json.dumps(
+        [self.boundaries, self.rows, self.tokens_per_batch, self.batch_multiple, self.seed,
+         self.shuffle, self.group, len(self.lengths)]).encode())
+    digest.update(np.ascontiguousarray(self.lengths, np.int64).tobytes())
+    return digest.hexdigest()
 
   def padding_fraction(self) -> float:
     """Share of padded positions (both sides) in one epoch's batches."""

@@ -11,6 +11,7 @@ import requests
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from aiayn_flax import process_zero
 from aiayn_flax.data.text_files import read_parallel_lines
 
 LANGUAGES = ("en", "de")
@@ -140,6 +141,7 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
 
 def prepared_builder(data_dir: str | None = None) -> Multi30k:
   """The Multi30k builder with its data prepared in data_dir (tfds' default if None)."""
+  process_zero.require_process_zero("Multi30k (tfds download and prepare)")
   builder = Multi30k(data_dir=data_dir)
   builder.download_and_prepare()
   return builder

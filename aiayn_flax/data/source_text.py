@@ -9,6 +9,7 @@ chunks (`text_pair_chunks`), never held whole as Python strings.
 """
 from collections.abc import Iterable
 
+from aiayn_flax import process_zero
 from aiayn_flax.data import toy
 
 CHUNK_PAIRS = 50_000  # sentence pairs read and tokenized at a time
@@ -23,10 +24,11 @@ def is_tfds(dataset) -> bool:
 
 
 def text_pairs(config, split: str) -> tuple[list[str], list[str]]:
-  """(source lines, target lines) of a split, in file order, nothing dropped."""
+  """(source lines, target lines) of a split, in file order, nothing dropped. On process 0 of a
+  multi-host run only (process_zero.read_once gives the others the same lines)."""
   dataset = config.dataset
   name = dataset.name
-  if name == "toy_reverse":
+  if name == "toy_reverse":  # generated, not read: the same on every process
     sizes = {"train": dataset.toy_train_examples}
     seed = {"train": 0, "validation": 1, "test": 2}.get(split)
     if seed is None:
@@ -34,6 +36,7 @@ def text_pairs(config, split: str) -> tuple[list[str], list[str]]:
     return toy.reversal_pairs(sizes.get(split, dataset.toy_eval_examples),
                               config.model.vocab_size, dataset.toy_min_symbols,
                               dataset.max_length - 1, seed)
+  process_zero.require_process_zero(f"{name}/{split}")
   if name == "multi30k":
     from aiayn_flax.data import multi30k
     return multi30k.read_split_pairs(split)
@@ -49,6 +52,7 @@ def text_pair_chunks(config, split: str, chunk_pairs: int = CHUNK_PAIRS) -> Text
   """text_pairs(config, split) as consecutive (sources, targets) chunks of at most
   `chunk_pairs` pairs; a tfds dataset is streamed rather than read whole."""
   if is_tfds(config.dataset):
+    process_zero.require_process_zero(f"{config.dataset.name}/{split}")
     yield from _tfds_pair_chunks(config.dataset, split, chunk_pairs)
     return
   sources, targets = text_pairs(config, split)
@@ -56,16 +60,20 @@ def text_pair_chunks(config, split: str, chunk_pairs: int = CHUNK_PAIRS) -> Text
     yield sources[start:start + chunk_pairs], targets[start:start + chunk_pairs]
 
 
-def prepare(dataset) -> None:
+def prepare(dataset) -> str:
   """Downloads and prepares a tfds dataset into its data_dir unless it is there already (the
-  local datasets need nothing). A multi-host run calls it on process 0 alone, before the
-  others read the dataset (pipeline.vocabulary_for)."""
+  local datasets need nothing), and says which. A multi-host run calls it on process 0 alone,
+  before the others read the dataset (pipeline.vocabulary_for); `train.py --prepare_data`
+  alone."""
   if not is_tfds(dataset):
-    return
+    return f"{dataset.name}: read from its files, nothing to prepare"
+  process_zero.require_process_zero(f"{dataset.name} (download and prepare)")
   import tensorflow_datasets as tfds
   builder = tfds.builder(dataset.name, data_dir=dataset.data_dir or None)
-  if not builder.is_prepared():
-    builder.download_and_prepare()
+  if builder.is_prepared():
+    return f"{dataset.name}: prepared already in {builder.data_dir}"
+  builder.download_and_prepare()
+  return f"{dataset.name}: prepared in {builder.data_dir}"
 
 
 def _tfds_pairs(dataset, split):

@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import re
+import tempfile
 import zipfile
 
 import jax
@@ -87,14 +88,14 @@ def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
     _write_tokenized(path, key, ids)
     logging.info("%s: token ids built by process %d of %d", name, jax.process_index(),
                  jax.process_count())
-    return ids
+    return _read_tokenized(path, key) or ids  # mapped from the file written: out of the heap
 
   def read():
     cached = _read_tokenized(path, key)
-    if cached is None:  # process 0 could not write the cache: tokenize here, write nothing
-      logging.warning("%s: no readable cache at %s; tokenizing on process %d too", name, path,
-                      jax.process_index())
-      return _tokenize(config, vocab, split, task)
+    if cached is None:  # only process 0 reads text (hosts' disks may differ): nothing to fall back on
+      raise ValueError(f"process {jax.process_index()} cannot read {path}, which process 0 "
+                       "wrote: every host of a run needs the same workdir (gs://BUCKET/..., or "
+                       "a filesystem all hosts mount)")
     logging.info("%s: token ids read from %s on process %d of %d", name, path,
                  jax.process_index(), jax.process_count())
     return cached
@@ -129,6 +130,8 @@ def _cache_path_and_key(config, vocab, split: str, task) -> tuple[epath.Path | N
 
 
 def _read_tokenized(path: epath.Path, key: str) -> TokenizedSplit | None:
+  """The cache at path, its id and offset arrays memory-mapped (a host pages in only what its
+  batches read; several GB for WMT14 EN-FR stay out of its heap), or None."""
   if not path.exists():
     return None
   try:
@@ -137,12 +140,53 @@ def _read_tokenized(path: epath.Path, key: str) -> TokenizedSplit | None:
         logging.warning("%s was written for another key; tokenizing again", path)
         return None
       skipped_empty, skipped_long = arrays["skipped"].tolist()
-      return TokenizedSplit(RaggedIds(arrays["source_ids"], arrays["source_offsets"]),
-                            RaggedIds(arrays["target_ids"], arrays["target_offsets"]),
-                            skipped_empty, skipped_long)
+    local = _local_copy(path)
+    mapped = {name: _mapped_member(local, name) for name in (
+        "source_ids", "source_offsets", "target_ids", "target_offsets")}
+    return TokenizedSplit(RaggedIds(mapped["source_ids"], mapped["source_offsets"]),
+                          RaggedIds(mapped["target_ids"], mapped["target_offsets"]),
+                          skipped_empty, skipped_long)
   except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
     logging.warning("%s: unreadable tokenized cache (%s); tokenizing again", path, e)
     return None
+
+
+def _local_copy(path: epath.Path) -> str:
+  """path itself when on a local disk; a cloud cache (gs://) is copied once to this host's
+  temporary folder, by name (the name holds the key's digest) and size, to be mapped there."""
+  if os.path.exists(os.fspath(path)):
+    return os.fspath(path)
+  local = os.path.join(tempfile.gettempdir(), "aiayn_flax_tokenized", path.name)
+  if not os.path.exists(local) or os.path.getsize(local) != path.stat().length:
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    partial = f"{local}.{os.getpid()}.partial"
+    path.copy(epath.Path(partial), overwrite=True)
+    os.replace(partial, local)
+  return local
+
+
+def _mapped_member(npz_path: str, name: str) -> np.ndarray:
+  """Array `name` of an uncompressed .npz (np.savez's), memory-mapped read-only: the .npy
+  member's data lies in the zip file as it is, after its zip and .npy headers."""
+  with zipfile.ZipFile(npz_path) as archive:
+    info = archive.getinfo(f"{name}.npy")
+  if info.compress_type != zipfile.ZIP_STORED:
+    raise ValueError(f"{npz_path}: {name} is compressed; cannot be memory-mapped")
+  with open(npz_path, "rb") as f:
+    f.seek(info.header_offset)
+    local_header = f.read(30)  # the zip local file header; its name and extra field follow
+    name_length, extra_length = int.from_bytes(local_header[26:28], "little"), int.from_bytes(
+        local_header[28:30], "little")
+    f.seek(info.header_offset + 30 + name_length + extra_length)
+    version = np.lib.format.read_magic(f)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran_order, dtype = read_header(f)
+    offset = f.tell()
+  if fortran_order or not shape[0]:  # np.savez writes neither; an empty array cannot be mapped
+    with np.load(npz_path) as arrays:
+      return arrays[name]
+  return np.memmap(npz_path, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
 def _write_tokenized(path: epath.Path, key: str, tokenized: TokenizedSplit) -> None:

@@ -14,7 +14,7 @@ from absl import logging
 from etils import epath
 import jax
 
-from aiayn_flax import paths, run_dir, tasks
+from aiayn_flax import paths, process_zero, run_dir, tasks
 from aiayn_flax.parsing import evalb, sentences
 from aiayn_flax.translator import Translator
 
@@ -24,7 +24,8 @@ def parse_and_score(workdir: str, config, split: str, beam_size: int, alpha: flo
   """Parses `split`, writes <split>.gold / <split>.tst under output_dir (WORKDIR/eval), prints
   the EVALB line and returns the scores."""
   task = tasks.for_config(config)
-  sources, gold = task.sources_and_references(config, split)
+  sources, gold = process_zero.read_once(  # process 0 reads: hosts' disks may differ
+      f"treebank {split}", lambda: task.sources_and_references(config, split))
   model, params, steps = run_dir.load_model_and_params(workdir, config, average_last)
   vocab = run_dir.load_vocabulary(workdir, config)
   logging.info("parsing %d sentences of %s: beam %d, alpha %.2f, parameters of steps %s",

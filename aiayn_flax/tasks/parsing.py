@@ -23,8 +23,9 @@ class Parsing:
     return (sentences.text_pairs(config.dataset, split)[0],
             sentences.gold_lines(config.dataset, split))
 
-  def prepare_data(self, config) -> None:
-    del config  # the treebank is read (or downloaded) where it is first needed
+  def prepare_data(self, config) -> str:
+    """Nothing: the treebank is read (or downloaded) where it is first needed."""
+    return f"{config.dataset.name}: read from the treebank's files, nothing to prepare"
 
   def reserved_pieces(self, config) -> list[str]:
     """Each tree token is one vocabulary piece, so a tree is as many pieces as tokens:

@@ -21,9 +21,10 @@ class Translation:
     from aiayn_flax.data import source_text
     return source_text.text_pairs(config, split)
 
-  def prepare_data(self, config) -> None:
+  def prepare_data(self, config) -> str:
+    """Downloads and prepares a tfds dataset (source_text.prepare); says what it did."""
     from aiayn_flax.data import source_text
-    source_text.prepare(config.dataset)
+    return source_text.prepare(config.dataset)
 
   def reserved_pieces(self, config) -> list[str]:
     del config

@@ -1,0 +1,105 @@
+"""The workdir's lease after a restart: a container's new trainer often has the pid its previous
+incarnation had, and a pid can be reused by an unrelated process. The refusal of a live second
+run and the resumption after a kill are in test_multi_host_data.py."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from aiayn_flax import workdir_lease
+from conftest import REPO
+
+
+def a_lease(**fields) -> dict:
+  """A lease as a run on this host writes it, from this boot, heartbeat fresh."""
+  return {"host": socket.gethostname(), "pid": os.getpid(), "run": "earlier", "started": "then",
+          "heartbeat": 0.0, "heartbeat_utc": "just now", "boot_id": workdir_lease.boot_id(),
+          "pid_started": workdir_lease.process_start_time(os.getpid())} | fields
+
+
+def take_after(tmp_path, lease: dict) -> dict:
+  """Writes lease to the workdir, takes the workdir's lease, and returns the new one."""
+  path = tmp_path / workdir_lease.LEASE_FILENAME
+  path.write_text(json.dumps(lease))
+  taken = workdir_lease.take(tmp_path)
+  try:
+    return json.loads(path.read_text())
+  finally:
+    taken.release()
+
+
+def test_a_lease_naming_this_process_from_before_a_restart_is_taken_over(tmp_path):
+  # The same pid, boot and start time: what a previous incarnation of this process wrote
+  # before an exec, or what a restarted container's pid 1 finds.
+  taken = take_after(tmp_path, a_lease())
+  assert taken["run"] != "earlier" and taken["pid"] == os.getpid()
+
+
+def test_this_process_cannot_take_a_workdir_twice(tmp_path):
+  first = workdir_lease.take(tmp_path)
+  try:
+    with pytest.raises(workdir_lease.WorkdirInUse, match=rf"pid {os.getpid()} "):
+      workdir_lease.take(tmp_path)
+  finally:
+    first.release()
+
+
+@pytest.fixture
+def other_process():
+  process = subprocess.Popen(["sleep", "600"])
+  yield process.pid
+  process.kill()
+  process.wait()
+
+
+def test_a_live_holder_is_refused_and_its_pid_reused_is_not(tmp_path, other_process):
+  started = workdir_lease.process_start_time(other_process)
+  assert started is not None
+  with pytest.raises(workdir_lease.WorkdirInUse, match=rf"pid {other_process} "):
+    take_after(tmp_path, a_lease(pid=other_process, pid_started=started))
+  # The pid answers, but it is another process than the one that wrote the lease:
+  reused = take_after(tmp_path, a_lease(pid=other_process, pid_started=started - 1))
+  assert reused["pid"] == os.getpid()
+  # The pid answers, but the lease was written before the host rebooted:
+  rebooted = take_after(tmp_path, a_lease(pid=other_process, pid_started=started,
+                                          boot_id="00000000-0000-0000-0000-000000000000"))
+  assert rebooted["pid"] == os.getpid()
+
+
+def test_a_lease_written_before_boot_ids_and_start_times_is_read_as_before(tmp_path,
+                                                                          other_process):
+  old = {"host": socket.gethostname(), "pid": other_process, "run": "old", "started": "then",
+         "heartbeat": 0.0, "heartbeat_utc": "just now"}
+  with pytest.raises(workdir_lease.WorkdirInUse, match=rf"pid {other_process} "):
+    take_after(tmp_path, old)
+  assert take_after(tmp_path, old | {"pid": os.getpid()})["run"] != "old"
+
+
+@pytest.mark.slow
+def test_a_trainer_restarted_with_its_previous_pid_takes_its_lease_over(tmp_path):
+  """A process takes the lease and is replaced by train.py through exec, keeping its pid, as
+  a restarted container's trainer gets the pid (often 1) the killed one had."""
+  workdir = tmp_path / "run"
+  restart = textwrap.dedent(f"""
+      import os, sys
+      from aiayn_flax import workdir_lease
+      workdir_lease.take({str(workdir)!r})  # the killed incarnation's lease, left behind
+      os.execv(sys.executable, [sys.executable, "train.py", "--workdir={workdir}",
+               "--config=configs/toy.py", "--config.num_train_steps=2",
+               "--config.log_every_steps=1", "--config.eval_every_steps=1000",
+               "--config.checkpoint_every_steps=1000", "--config.dataset.toy_eval_examples=4"])
+      """)
+  environ = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+  environ.pop("XLA_FLAGS", None)
+  process = subprocess.Popen([sys.executable, "-c", restart], cwd=REPO, env=environ,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  out, err = process.communicate(timeout=600)
+  assert process.returncode == 0, err[-3000:]
+  assert "taking over the lease of the run started " in err
+  assert f", pid {process.pid} (last heartbeat " in err
+  assert f"this run's lease (host {socket.gethostname()}, pid {process.pid})" in err
+  assert not (workdir / workdir_lease.LEASE_FILENAME).exists()

@@ -40,6 +40,9 @@ flags.DEFINE_integer("average_last", None, "Average the last N checkpoints' para
 flags.DEFINE_integer("step", None, "Evaluate the checkpoint of this step (with --average_last=K, "
                      "the K stored checkpoints ending at it) instead of the newest.")
 flags.DEFINE_integer("batch_size", None, "Sentences per decoding batch.")
+flags.DEFINE_boolean("constrained", None, "A parser's decoding constrained to trees over the "
+                     "input's words (default: the run's config.decode_constrained); "
+                     "--noconstrained: plain beam search, then repair, as the paper.")
 flags.DEFINE_boolean("multi30k_bleu", None, "Also print the Multi30k literature's lowercased, "
                      "Moses-tokenized BLEU (default: on for Multi30k test sets).")
 flags.DEFINE_string("output_dir", None, "Where hypotheses and scores go "
@@ -81,11 +84,13 @@ def translate_and_score() -> None:
   from aiayn_flax.translator import Translator
   config = run_dir.load_config(FLAGS.workdir)
   compilation_cache.enable(config, FLAGS.workdir)  # reuse what train.py compiled
-  if config.dataset.name in tasks.PARSING_DATASETS:  # trees and EVALB F1 instead of BLEU
+  if FLAGS.constrained is not None:
+    config.decode_constrained = FLAGS.constrained
+  task = tasks.for_config(config)
+  if task.evaluate_split:  # a task scored its own way (a parser: trees and EVALB F1)
     if FLAGS.testset or FLAGS.src_file or FLAGS.ref_file:
-      raise app.UsageError("a parsing run is scored on a split of its treebank: --split=NAME")
-    from aiayn_flax.parsing import evaluation
-    evaluation.parse_and_score(
+      raise app.UsageError(f"a {task.name} run is scored on a split of its dataset: --split=NAME")
+    task.evaluate_split(
         FLAGS.workdir, config, FLAGS.split or config.dataset.test_split,
         FLAGS.beam_size or config.beam_size,
         config.length_penalty_alpha if FLAGS.alpha is None else FLAGS.alpha,

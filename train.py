@@ -52,8 +52,8 @@ def main(argv):
       print(dry_run.plan_text(config))
     return
   if FLAGS.prepare_data:
-    from aiayn_flax.data import source_text
-    print(source_text.prepare(config.dataset))
+    from aiayn_flax import tasks
+    print(tasks.for_config(config).prepare_data(config))
     return
   cluster.initialize_distributed()  # a multi-host slice: join the other processes first
   if not FLAGS.workdir:
@@ -146,6 +146,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     key = key.group(1) if key else message
     suggestion = re.search(r'Did you mean "(\w+)"', message)
     given = [a for a in argv[1:] if a.startswith("--config.") and key in a.split("=", 1)[0]]
+    from aiayn_flax.config_checks import renamed_field_message
+    if renamed := renamed_field_message(key):
+      sys.exit(f"train.py: error: {' '.join(given) or key}: {renamed}")
     sys.exit(f"train.py: error: {' '.join(given) or key}: the config has no field {key!r}"
              + (f" (did you mean {suggestion.group(1)!r}?)" if suggestion else "")
              + "; run with --dry_run, or read the config file, for the fields it has")

@@ -23,7 +23,6 @@ import numpy as np
 from aiayn_flax import accelerator_targets, devices, sharding, tasks, train_step, translator
 from aiayn_flax.data import bucketing
 from aiayn_flax.dry_run import activation_bytes_per_token
-from aiayn_flax.parsing import constrained
 from aiayn_flax.programs import training_programs
 
 HELPFUL_KEYS = ("a smaller --config.micro_batch_tokens_per_device (accumulates more micro-batches),"
@@ -228,10 +227,10 @@ def compile_run(config, target_name: str,
   decoding_mesh = sharding.data_parallel_mesh(target_devices)
   placement = (_same_for_all(params, sharding.replicated(decoding_mesh)),
                sharding.batch_sharding(decoding_mesh))
-  if "decode" in include and training_bleu_sentences(config):
+  if "decode" in include and training_decode_sentences(config):
     compiled.append(_compile_decoding(
         "greedy_decode", config, model, params, placement, beam_size=1,
-        rows=translator.batch_rows(training_bleu_sentences(config),
+        rows=translator.batch_rows(training_decode_sentences(config),
                                    _decode_length(config), config.decode_batch_size),
         num_devices=n))
   if "evaluate" in include:
@@ -254,11 +253,10 @@ def compile_run(config, target_name: str,
           "fits": largest.memory_bytes <= usable}
 
 
-def training_bleu_sentences(config) -> int:
-  """The validation sentences the trainer greedy-decodes for BLEU (as trainer.py: the toy
-  task's exact match decodes its whole evaluation set); 0: no decoding during training."""
-  return config.eval_bleu_sentences or (
-      config.dataset.get("toy_eval_examples", 0) if config.dataset.name == "toy_reverse" else 0)
+def training_decode_sentences(config) -> int:
+  """The validation sentences the trainer greedy-decodes for its task's metric (the task's
+  validation_sentences, as trainer.py); 0: no decoding during training."""
+  return tasks.for_config(config).validation_sentences(config)
 
 
 def _flops_per_optimizer_step(compiled, accumulation: int) -> float:
@@ -312,8 +310,7 @@ def _compile_decoding(name, config, model, params, placement, *, beam_size: int,
   length = _decode_length(config)
   devices = placement[1].mesh.shape["data"]
   rows = -(-rows // devices) * devices
-  constraint = tasks.for_config(config).decoding_constraint(
-      constrained.StandInVocabulary(config.model.vocab_size))  # a parser's, as the run's
+  constraint = tasks.for_config(config).stand_in_decoding_constraint(config.model.vocab_size)
   decode_fn = translator.make_decode_fn(model, beam_size, config.length_penalty_alpha,
                                         config.decode_extra_length, constraint_for=constraint)
   params = _abstract(params, placement[0])

@@ -3,6 +3,17 @@ line naming its key, instead of training silently on something else (a `d_model`
 `num_heads` does not divide used to give heads of d_model // h, dropping the remainder)."""
 
 
+# Fields renamed since: a config (or a --config.OLD=... flag) that still names one stops with
+# the new name, instead of setting a field nothing reads.
+RENAMED_FIELDS = {"eval_bleu_sentences": "eval_decode_sentences"}
+
+
+def renamed_field_message(name: str) -> str | None:
+  if name in RENAMED_FIELDS:
+    return f"config.{name} was renamed config.{RENAMED_FIELDS[name]}: set that instead"
+  return None
+
+
 def _check(ok: bool, key: str, value, requirement: str) -> None:
   if not ok:
     raise ValueError(f"config.{key}={value!r}: {requirement}")
@@ -10,6 +21,9 @@ def _check(ok: bool, key: str, value, requirement: str) -> None:
 
 def check_config(config) -> None:
   """Raises ValueError("config.KEY=VALUE: what it must be") for the first bad value."""
+  for name in RENAMED_FIELDS:
+    if name in config:
+      raise ValueError(renamed_field_message(name))
   for key in ("num_train_steps", "tokens_per_batch", "warmup_steps", "log_every_steps",
               "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints",
               "average_last_checkpoints", "beam_size", "decode_batch_size", "steps_per_call"):

@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aiayn_flax import checkpoints, host_agreement, paths, process_zero, train_step
-from aiayn_flax.data import pipeline, source_text
+from aiayn_flax import (checkpoints, config_checks, host_agreement, paths, process_zero, tasks,
+                        train_step)
+from aiayn_flax.data import pipeline
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -23,7 +24,11 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not newest:
     raise FileNotFoundError(f"{checkpoints.checkpoint_dir(workdir)}: no checkpoint; train first "
                             f"(python train.py --config=... --workdir={workdir})")
-  return ml_collections.ConfigDict(newest[0][1]["config"])
+  saved = dict(newest[0][1]["config"])
+  for old, new in config_checks.RENAMED_FIELDS.items():  # a run saved before the rename
+    if old in saved:
+      saved[new] = saved.pop(old)
+  return ml_collections.ConfigDict(saved)
 
 
 def load_model_and_params(workdir: str, config, average_last: int = 1,
@@ -47,7 +52,7 @@ def load_vocabulary(workdir: str, config):
   path = paths.workdir_path(workdir) / pipeline.VOCAB_FILENAME
   if config.dataset.name != "toy_reverse" and not path.exists():
     raise FileNotFoundError(f"{path}: the run's vocabulary is missing")
-  return pipeline.vocabulary_for(config, workdir)
+  return pipeline.vocabulary_for(config, workdir, tasks.for_config(config))
 
 
 def testset_pairs(testset: str, config) -> tuple[list[str], list[str]]:
@@ -64,7 +69,7 @@ def testset_pairs(testset: str, config) -> tuple[list[str], list[str]]:
   if testset == "wmt14":
     return newstest2014_pairs()
   if testset.startswith("split:"):
-    return source_text.text_pairs(config, testset.split(":", 1)[1])
+    return tasks.for_config(config).sources_and_references(config, testset.split(":", 1)[1])
   raise ValueError(f"--testset={testset!r}: expected multi30k/SPLIT, wmt14 or split:NAME")
 
 

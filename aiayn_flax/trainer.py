@@ -21,15 +21,16 @@ from aiayn_flax.translator import Translator
 # model, nor the optimizer, nor the batches it sees.
 SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "name", "num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
-    "keep_checkpoints", "eval_bleu_sentences", "beam_size", "length_penalty_alpha",
-    "decode_extra_length", "decode_batch_size", "average_last_checkpoints",
+    "keep_checkpoints", "eval_decode_sentences", "beam_size", "length_penalty_alpha",
+    "decode_extra_length", "decode_batch_size", "decode_constrained", "average_last_checkpoints",
     "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
     "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches",
     "compilation_cache_dir", "host_local_batches",
     "dcn_mesh"})  # dcn_mesh: where devices sit, not what they do
 # Fields that earlier versions saved and that no longer exist (they were never read): a run
 # that saved them resumes without a conflict.
-REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer"})
+REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer",
+                            "eval_bleu_sentences"})  # renamed eval_decode_sentences
 # Fields added since, with the value that runs saved before them had in effect.
 ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": False}
 
@@ -149,7 +150,7 @@ def evaluate_loss(eval_fn, params, batches, input_rows) -> dict:
 
 def evaluate_translations(translator, params, sources, references, task) -> dict:
   """The task's metrics of greedy-decoded validation sentences: BLEU (sacreBLEU) and exact
-  match (the toy task's metric) for translation, EVALB F1 for parsing (tasks.py).
+  match (the toy task's metric) for translation, EVALB F1 for parsing (aiayn_flax/tasks/).
   The translator places the parameters whole on every device (once, not per batch) and splits
   each batch's rows over all of them (translator.py)."""
   translator.params = params
@@ -234,7 +235,8 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
   input_rows = InputRows(mesh, config.host_local_batches)
   logging.info("devices: %s; mesh: %s", jax.devices(), dict(mesh.shape))
 
-  vocab = pipeline.vocabulary_for(config, workdir)
+  task = tasks.for_config(config)
+  vocab = pipeline.vocabulary_for(config, workdir, task)
   data_shards = sharding.data_parallel_size(mesh)
   accumulation = train_step.accumulation_steps(config, data_shards)
   steps_per_call = config.steps_per_call
@@ -250,11 +252,12 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
                "optimizer step", accumulation, micro_config.tokens_per_batch,
                bucketing.padded_budget(micro_config.tokens_per_batch))
   train_batches = pipeline.batches_for_split(micro_config, vocab, config.dataset.train_split,
-                                             data_shards, shuffle=True, group=steps_per_call)
+                                             data_shards, shuffle=True, task=task,
+                                             group=steps_per_call)
   # Evaluation batches hold no more than training's micro-batches: a run whose device fits
   # only a micro-batch must not run out of memory at its first evaluation.
   eval_batches = pipeline.batches_for_split(micro_config, vocab, config.dataset.eval_split,
-                                            data_shards, shuffle=False)
+                                            data_shards, shuffle=False, task=task)
   source_tokens, target_tokens, padding = train_batches.epoch_summary()
   logging.info("training batches: %.0f source and %.0f target real tokens per batch on average "
                "(tokens_per_batch %d), %.1f%% of their positions padding", source_tokens,
@@ -276,9 +279,7 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
 
   programs = training_programs(config, model, mesh, state_sharding)
   rng = train_step.dropout_key(config.seed)
-  task = tasks.for_config(config)
-  num_bleu = config.eval_bleu_sentences or (
-      config.dataset.toy_eval_examples if config.dataset.name == "toy_reverse" else 0)
+  num_bleu = task.validation_sentences(config)
   if num_bleu:
     bleu_sources, bleu_references = process_zero.read_once(  # hosts' disks may differ
         "validation text", lambda: [lines[:num_bleu] for lines in task.sources_and_references(

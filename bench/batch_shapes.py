@@ -20,6 +20,7 @@ sys.path.insert(0, REPO)
 
 import numpy as np  # noqa: E402
 
+from aiayn_flax import tasks  # noqa: E402
 from aiayn_flax.data import bucketing, pipeline  # noqa: E402
 from aiayn_flax.data.ragged import EMPTY_ROW  # noqa: E402
 
@@ -44,9 +45,9 @@ def main():
   config = importlib.import_module(
       "configs." + os.path.splitext(os.path.basename(args.config))[0]).get_config()
   os.makedirs(args.workdir, exist_ok=True)
-  vocab = pipeline.vocabulary_for(config, args.workdir)
+  vocab = pipeline.vocabulary_for(config, args.workdir, tasks.for_config(config))
   batches = pipeline.batches_for_split(config, vocab, config.dataset.train_split,
-                                       batch_multiple=1, shuffle=True)
+                                       batch_multiple=1, shuffle=True, task=tasks.for_config(config))
   source, target, slots, padding = describe(batches)
   print(f"tokens_per_batch {config.tokens_per_batch} (real): {source:.0f}/{target:.0f} real "
         f"tokens per step, {slots:.0f} padded slots per side, padding {100 * padding:.1f}%, "

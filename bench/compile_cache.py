@@ -48,14 +48,14 @@ def main():
   parser.add_argument("--config", default="configs/multi30k.py")
   parser.add_argument("--steps", type=int, default=24, help="steps of each run")
   parser.add_argument("--steps_per_call", type=int, default=4)
-  parser.add_argument("--eval_bleu_sentences", type=int, default=64)
+  parser.add_argument("--eval_decode_sentences", type=int, default=64)
   parser.add_argument("--workdir", default="/tmp/aiayn_bench_compile_cache")
   args = parser.parse_args()
   shutil.rmtree(args.workdir, ignore_errors=True)
   first, with_cache, without_cache = (os.path.join(args.workdir, name) for name in
                                       ("run", "resumed_with_cache", "resumed_without_cache"))
   cache = os.path.join(args.workdir, "xla_cache")
-  extra = [f"--config.eval_bleu_sentences={args.eval_bleu_sentences}"]
+  extra = [f"--config.eval_decode_sentences={args.eval_decode_sentences}"]
   run = lambda workdir, steps, cache_dir: timed_run(  # noqa: E731
       args.config, workdir, steps, args.steps_per_call, cache_dir, extra)
   rows = [("first start, empty cache", *run(first, args.steps, cache))]

@@ -30,7 +30,7 @@ sys.path.insert(0, REPO)
 
 import numpy as np  # noqa: E402
 
-from aiayn_flax import run_dir  # noqa: E402
+from aiayn_flax import run_dir, tasks  # noqa: E402
 from aiayn_flax.data import (  # noqa: E402
     bucketing, multi30k, pipeline, source_text, text_files, tokenized)
 
@@ -83,6 +83,7 @@ def main():
     config.dataset.vocab_sample_sentences = args.vocab_sample_sentences
   words = real_pairs()
   train_split = config.dataset.train_split
+  task = tasks.for_config(config)
 
   def chunks(dataset, split, chunk_pairs):
     if split != train_split:
@@ -105,17 +106,17 @@ def main():
     return result
 
   vocab = stage("vocabulary (sample + SentencePiece)",
-                lambda: pipeline.vocabulary_for(config, args.workdir))
+                lambda: pipeline.vocabulary_for(config, args.workdir, task))
   print(f"vocabulary: {vocab.vocab_size} pieces")
   split_ids = stage("tokenize + cache",
-                    lambda: tokenized.split_ids(config, vocab, train_split))
+                    lambda: tokenized.split_ids(config, vocab, train_split, task))
   boundaries = bucketing.boundaries_for(config.dataset)
   first = stage("batch list", lambda: bucketing.TokenBucketedBatches(
       split_ids.sources, split_ids.targets, boundaries, config.tokens_per_batch,
       seed=config.seed).epoch(0))
   del split_ids
   resumed = stage("resumed run: cache read + batch list", lambda: pipeline.batches_for_split(
-      config, vocab, train_split, batch_multiple=1, shuffle=True).epoch(0))
+      config, vocab, train_split, batch_multiple=1, shuffle=True, task=task).epoch(0))
   assert len(resumed) == len(first)
   total = sum(timings[k] for k in list(timings)[:3])
   print(f"start-up: {total:.0f} s on a first run ({timings['vocabulary (sample + SentencePiece)']:.0f}"

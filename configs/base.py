@@ -111,7 +111,9 @@ def get_config(row: str = ""):
   c.checkpoint_every_steps = 1500  # "10-minute intervals" (6.1) at the paper's 0.4 s/step
   c.checkpoint_asynchronously = True  # training goes on while orbax writes
   c.keep_checkpoints = 5
-  c.eval_bleu_sentences = 1000  # greedy-decoded validation sentences for the periodic BLEU
+  # Validation sentences greedy-decoded at each evaluation for the task's metric (BLEU; a
+  # parser's F1). Was eval_bleu_sentences.
+  c.eval_decode_sentences = 1000
 
   # Decoding and scoring (section 6.1): beam 4, alpha 0.6, max length input + 50, last 5 averaged.
   c.beam_size = 4
@@ -119,6 +121,10 @@ def get_config(row: str = ""):
   c.decode_extra_length = 50
   c.average_last_checkpoints = 5
   c.decode_batch_size = 64
+  # A parser's decoder writes only trees over the input's words (aiayn_flax/parsing/
+  # constrained.py); False: plain beam search, the output repaired into a tree afterwards, as
+  # the paper and Vinyals et al. (2015) did. Translation has no constraint.
+  c.decode_constrained = True
 
   c.mesh = "data:-1"  # mesh axes and sizes, e.g. "data:4,model:2"; -1: the remaining devices
   # Multislice (TPU slices joined by the data-center network, DCN): how many slices each mesh

@@ -48,6 +48,6 @@ def get_config():
   c.steps_per_call = 4
   c.keep_checkpoints = 5
   c.average_last_checkpoints = 5
-  c.eval_bleu_sentences = 1014
+  c.eval_decode_sentences = 1014
   c.decode_batch_size = 128
   return c

@@ -41,7 +41,7 @@ def get_config():
   c.model.update(vocab_size=16000, d_model=1024, num_layers=4)
   c.num_train_steps = 20_000
   c.eval_every_steps = 2000
-  c.eval_bleu_sentences = 1700  # dev sentences (all of section 22) greedy-parsed for its F1
+  c.eval_decode_sentences = 1700  # dev sentences (all of section 22) greedy-parsed for its F1
   c.beam_size = 21
   c.length_penalty_alpha = 0.3
   c.decode_extra_length = 300

@@ -37,7 +37,7 @@ def get_config():
   c.checkpoint_every_steps = 500
   c.keep_checkpoints = 2
   c.average_last_checkpoints = 1
-  c.eval_bleu_sentences = 0  # exact match, not BLEU, is the toy's metric
+  c.eval_decode_sentences = 0  # exact match, not BLEU, is the toy's metric
   c.decode_batch_size = 200
   c.beam_size = 1
   return c

@@ -122,7 +122,7 @@ def small_text_config(files: dict, num_train_steps: int):
   config.num_train_steps = num_train_steps
   config.checkpoint_every_steps = 2
   config.eval_every_steps = config.log_every_steps = 2
-  config.eval_bleu_sentences = 4
+  config.eval_decode_sentences = 4
   config.checkpoint_asynchronously = False
   return config
 

@@ -193,11 +193,12 @@ def test_every_gold_tree_of_the_sample_is_one_the_decoder_may_write(shared_data,
   files (pieces, then EOS) is allowed at every step: the constraint never rules out the
   right tree. The one tree whose label (WHADJP) no training tree has is left out: its label
   is spelled in several pieces, which read as words."""
+  from aiayn_flax import tasks
   from aiayn_flax.data import pipeline
   from configs import parsing_sample
   config = parsing_sample.get_config()
   config.dataset.tree_leaves = leaves
-  vocab = pipeline.vocabulary_for(config, str(tmp_path))
+  vocab = pipeline.vocabulary_for(config, str(tmp_path), tasks.for_config(config))
   tokens = constrained.TreeTokens([vocab.piece(i) for i in range(vocab.vocab_size)], leaves)
   labels = set(sentences.tree_tokens(config.dataset))
   dataset = ml_collections.ConfigDict(dict(treebank_dir="", tree_leaves=leaves))

@@ -8,7 +8,7 @@ runs for several seeds and prints each seed's margin; the sweep is quoted beside
 import numpy as np
 import pytest
 
-from aiayn_flax import attention_maps, run_dir, trainer
+from aiayn_flax import attention_maps, run_dir, tasks, trainer
 from aiayn_flax.data import pipeline, tokenized
 from configs import multi30k
 
@@ -49,7 +49,7 @@ def small_multi30k_config():
   config.warmup_steps, config.learning_rate_scale = 200, 2.0
   config.num_train_steps = config.eval_every_steps = config.checkpoint_every_steps = 500
   config.log_every_steps = 100
-  config.eval_bleu_sentences = 0
+  config.eval_decode_sentences = 0
   return config
 
 
@@ -57,9 +57,10 @@ def multi30k_nll_ratio(config, workdir: str, summary: dict | None = None) -> flo
   """Validation NLL over that of a model that learned nothing but word frequencies: the
   training targets' unigram distribution (add-one smoothed), scored on the validation targets."""
   summary = summary or trainer.train_and_evaluate(config, workdir)
-  vocab = pipeline.vocabulary_for(config, workdir)
-  train = tokenized.split_ids(config, vocab, config.dataset.train_split)
-  valid = tokenized.split_ids(config, vocab, config.dataset.eval_split)
+  task = tasks.for_config(config)
+  vocab = pipeline.vocabulary_for(config, workdir, task)
+  train = tokenized.split_ids(config, vocab, config.dataset.train_split, task)
+  valid = tokenized.split_ids(config, vocab, config.dataset.eval_split, task)
   counts = np.bincount(np.asarray(train.targets.flat), minlength=config.model.vocab_size) + 1
   unigram_nll = -np.mean(np.log(counts / counts.sum())[np.asarray(valid.targets.flat)])
   return summary["valid/nll"] / unigram_nll

@@ -32,7 +32,7 @@ TINY_MULTI30K = [
     "--config.dataset.bucket_growth=2.0", "--config.tokens_per_batch=512",
     "--config.num_train_steps=4", "--config.steps_per_call=1",
     "--config.checkpoint_every_steps=4", "--config.eval_every_steps=4",
-    "--config.log_every_steps=2", "--config.eval_bleu_sentences=8",
+    "--config.log_every_steps=2", "--config.eval_decode_sentences=8",
     "--config.checkpoint_asynchronously=false", "--config.average_last_checkpoints=1",
     "--config.decode_batch_size=16"]
 TOY = ["--config=configs/toy.py", "--config.log_every_steps=10",

@@ -150,8 +150,8 @@ def test_cky_finds_the_parse_nltk_viterbi_parser_finds(sample_splits):
   grammar read off 200 sample trees as the baseline reads it, on the tag sequences of short
   test sentences."""
   from aiayn_flax.parsing import cky
-  from bench import parsing_baselines
-  grammar = parsing_baselines.induce_grammar(sample_splits["train"][1][:200])
+  from aiayn_flax.parsing import baselines
+  grammar = baselines.induce_grammar(sample_splits["train"][1][:200])
   ours, nltks = cky.ViterbiCKY(grammar), nltk.ViterbiParser(grammar)
   nltks.max_time = None
   known = {p.rhs()[0] for p in grammar.productions() if isinstance(p.rhs()[0], str)}
@@ -191,7 +191,7 @@ def test_tree_tokens_are_single_vocabulary_pieces(sample_splits, tmp_path):
   from aiayn_flax.data import pipeline
   from configs import parsing_sample
   config = parsing_sample.get_config()
-  vocab = pipeline.vocabulary_for(config, str(tmp_path))
+  vocab = pipeline.vocabulary_for(config, str(tmp_path), tasks.for_config(config))
   for tree in sample_splits["test"][1][:50]:
     sequence = " ".join(linearize.linearize(tree))
     assert len(vocab.encode(sequence)) == len(sequence.split())

@@ -69,7 +69,7 @@ def parsing_learning_measures(config, workdir) -> tuple[float, float]:
 
 def parsing_learning_config(seed: int):
   return tiny_config(seed=seed, num_train_steps=600, eval_every_steps=600,
-                     eval_bleu_sentences=0)
+                     eval_decode_sentences=0)
 
 
 @pytest.mark.slow
@@ -90,16 +90,23 @@ def run(script, *args, stdin=None):
   return result.stdout
 
 
-@pytest.mark.slow
-def test_train_evaluate_translate_commands_give_trees_and_evalb_f1(shared_data, tmp_path):
-  workdir = str(tmp_path / "parse")
+@pytest.fixture(scope="module")
+def tiny_parse_run(shared_data, tmp_path_factory) -> str:
+  """A workdir of configs/parsing_sample.py trained for 20 steps at a tiny size by train.py."""
+  workdir = str(tmp_path_factory.mktemp("parse") / "run")
   overrides = {"model.vocab_size": 1000, "model.d_model": 32, "model.d_ff": 64,
                "model.num_heads": 2, "model.num_layers": 1, "num_train_steps": 20,
-               "eval_every_steps": 20, "eval_bleu_sentences": 8, "checkpoint_every_steps": 20,
+               "eval_every_steps": 20, "eval_decode_sentences": 8, "checkpoint_every_steps": 20,
                "log_every_steps": 10, "average_last_checkpoints": 1, "beam_size": 2,
                "decode_extra_length": 20, "dataset.max_length": 96}
   run("train.py", "--config=configs/parsing_sample.py", f"--workdir={workdir}",
       *(f"--config.{key}={value}" for key, value in overrides.items()))
+  return workdir
+
+
+@pytest.mark.slow
+def test_train_evaluate_translate_commands_give_trees_and_evalb_f1(tiny_parse_run):
+  workdir = tiny_parse_run
   output = run("evaluate.py", f"--workdir={workdir}")
   assert "EVALB F1 = " in output and "recall" in output and "complete match" in output
   gold = open(os.path.join(workdir, "eval", "test.gold")).read().splitlines()
@@ -115,3 +122,41 @@ def test_train_evaluate_translate_commands_give_trees_and_evalb_f1(shared_data, 
   assert nltk.Tree.fromstring(trees[0]).leaves() == ["The", "dog", "barked", "."]
   assert nltk.Tree.fromstring(trees[2]).leaves() == [
       "She", "said", "-LRB-", "twice", "-RRB-", "that", "it", "ran", "."]
+
+
+# Awkward input: (line, the leaves its tree must have; None for an empty output line)
+LONG = " ".join(["the", "old", "man", "saw", "a", "dog", "near", "the", "river", "and"] * 12)
+AWKWARD = [
+    ("The value f(x) is large (see below) .",
+     ["The", "value", "f-LRB-x-RRB-", "is", "large", "-LRB-see", "below-RRB-", "."]),
+    ("( ( ) )", ["-LRB-", "-LRB-", "-RRB-", "-RRB-"]),
+    ("(S (NP the cat) (VP sat))",
+     ["-LRB-S", "-LRB-NP", "the", "cat-RRB-", "-LRB-VP", "sat-RRB--RRB-"]),
+    ("", None),
+    ("We won \U0001F600 ! \u4e2d\u6587 caf\u00e9", ["We", "won", "\U0001F600", "!",
+                                                  "\u4e2d\u6587", "caf\u00e9"]),
+    ("[a] {b} x)(y", ["-LSB-a-RSB-", "-LCB-b-RCB-", "x-RRB--LRB-y"]),
+    ("   ", None),
+    (LONG, LONG.split()),
+    ("No final newline here .", ["No", "final", "newline", "here", "."]),
+]
+
+
+@pytest.mark.slow
+def test_translate_gives_one_tree_per_line_over_the_input_words_for_awkward_lines(
+    tiny_parse_run):
+  """One output line per input line, and each non-empty one reads back (nltk) as one tree whose
+  leaves are the line's words, every bracket escaped as the treebank escapes it (-LRB-, -RRB-,
+  -LSB-, ...), alone or inside a word; a 120-word line; emoji; no final newline."""
+  import nltk
+  assert len(LONG.split()) == 120
+  text = "\n".join(line for line, _ in AWKWARD)  # no final newline
+  output = run("translate.py", f"--workdir={tiny_parse_run}", stdin=text)
+  lines = output.split("\n")
+  assert lines[-1] == "" and len(lines) == len(AWKWARD) + 1
+  for (line, leaves), tree_line in zip(AWKWARD, lines):
+    if leaves is None:
+      assert tree_line == "", line
+      continue
+    tree = nltk.Tree.fromstring(tree_line)  # one tree: raises if anything follows it
+    assert tree.leaves() == leaves, line

@@ -12,7 +12,7 @@ from etils import epath
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from aiayn_flax import devices, dry_run, flops
+from aiayn_flax import devices, dry_run, flops, tasks
 from aiayn_flax.data import bucketing, pipeline, ragged, source_text, tokenized, vocabulary
 from aiayn_flax.data.ragged import EMPTY_ROW, RaggedIds
 from configs import base, big, big_enfr
@@ -68,11 +68,12 @@ def test_wmt14_text_pairs_are_english_to_german_in_file_order(mocked_wmt14):
 
 def test_wmt14_batches_are_english_to_german_within_the_token_budget(mocked_wmt14, tmp_path):
   config = small_wmt14_config()
-  vocab = pipeline.vocabulary_for(config, str(tmp_path))
+  vocab = pipeline.vocabulary_for(config, str(tmp_path), tasks.for_config(config))
   assert vocab.vocab_size == 300
   english, german = parallel_text("train")
   pairs = set(zip(english, german))
-  batches = pipeline.batches_for_split(config, vocab, "train", batch_multiple=2, shuffle=True)
+  batches = pipeline.batches_for_split(config, vocab, "train", batch_multiple=2, shuffle=True,
+                                       task=tasks.for_config(config))
   seen = 0
   for _, batch in batches.iterate(num_epochs=1):
     assert batch["inputs"].shape == batch["targets"].shape
@@ -89,10 +90,10 @@ def test_wmt14_batches_are_english_to_german_within_the_token_budget(mocked_wmt1
 
 def test_vocabulary_sample_streams_a_seeded_uniform_draw_of_both_sides(mocked_wmt14):
   config = small_wmt14_config()
-  sample = pipeline.vocabulary_sample(config)
+  sample = pipeline.vocabulary_sample(config, tasks.for_config(config))
   english, german = parallel_text("train")
   assert len(sample) == 2000 and set(sample) <= set(english) | set(german)
-  assert pipeline.vocabulary_sample(config) == sample  # reproducible
+  assert pipeline.vocabulary_sample(config, tasks.for_config(config)) == sample  # reproducible
   english_set = set(english)
   from_english = sum(s in english_set for s in sample)
   assert 800 < from_english < 1200  # both sides, about equally
@@ -115,21 +116,24 @@ def test_streamed_sample_is_uniform_exact_and_in_stream_order():
 
 def test_tokenized_splits_are_cached_beside_the_vocabulary(mocked_wmt14, tmp_path, monkeypatch):
   config = small_wmt14_config()
-  vocab = pipeline.vocabulary_for(config, str(tmp_path))
-  first = pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False)
+  vocab = pipeline.vocabulary_for(config, str(tmp_path), tasks.for_config(config))
+  first = pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False,
+                                       task=tasks.for_config(config))
   cached = os.listdir(tmp_path / tokenized.TOKENIZED_DIRNAME)
   assert len(cached) == 1 and cached[0].startswith("wmt14_translate_de-en-validation-")
 
   def no_tokenizing(*args, **kwargs):
     raise AssertionError("tokenized again instead of reading the cache")
   monkeypatch.setattr(tokenized, "_tokenize_chunks", no_tokenizing)
-  again = pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False)
+  again = pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False,
+                                       task=tasks.for_config(config))
   for (_, a), (_, b) in zip(first.iterate(num_epochs=1), again.iterate(num_epochs=1)):
     np.testing.assert_array_equal(a["inputs"], b["inputs"])
     np.testing.assert_array_equal(a["targets"], b["targets"])
   config.dataset.max_length = 24  # another key: not the same cache
   with pytest.raises(AssertionError, match="tokenized again"):
-    pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False)
+    pipeline.batches_for_split(config, vocab, "validation", batch_multiple=1, shuffle=False,
+                                       task=tasks.for_config(config))
 
 
 def test_the_token_cache_is_read_memory_mapped_with_the_ids_written(tmp_path):

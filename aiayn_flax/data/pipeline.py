@@ -15,19 +15,21 @@ what it wrote (process_zero.first). Stage 4 is the same on every process: each b
 global batches (a pure function of seed and position) and hands over its own rows.
 
 This module joins stages 1-4 for a config: `vocabulary_for` (1 -> 2) and `batches_for_split`
-(1 -> 3 -> 4); the trainer takes it from there.
+(1 -> 3 -> 4); the trainer takes it from there. Each is handed the run's task
+(aiayn_flax/tasks/), which gives the text of stage 1, the pieces the vocabulary keeps whole and
+the fields that change the token ids: the data layer knows no task.
 """
 import jax
 from absl import logging
 from etils import epath
 
 from aiayn_flax import paths, process_zero
-from aiayn_flax.data import bucketing, source_text, tokenized, toy, vocabulary
+from aiayn_flax.data import bucketing, tokenized, toy, vocabulary
 
 VOCAB_FILENAME = "vocab.model"
 
 
-def vocabulary_for(config, workdir: str):
+def vocabulary_for(config, workdir: str, task):
   """The run's shared vocabulary: loaded from the workdir, or trained on the training split.
   With several processes, process 0 prepares the data and trains it while the others wait,
   then they read it (process_zero.first): one process writes WORKDIR/vocab.model."""
@@ -36,17 +38,16 @@ def vocabulary_for(config, workdir: str):
   path = str(paths.workdir_path(workdir) / VOCAB_FILENAME)
 
   def make():
-    source_text.prepare(config.dataset)
+    task.prepare_data(config)
     if epath.Path(path).exists():
       return read()
-    sentences = vocabulary_sample(config)
+    sentences = vocabulary_sample(config, task)
     logging.info("Training a %d-piece %s vocabulary on %d sentences", config.model.vocab_size,
                  config.dataset.vocab_model_type, len(sentences))
-    from aiayn_flax import tasks
     built = vocabulary.train_vocabulary(
         sentences, path, config.model.vocab_size, config.dataset.vocab_model_type,
         character_coverage=config.dataset.vocab_character_coverage,
-        user_defined_symbols=tasks.for_config(config).reserved_pieces(config))
+        user_defined_symbols=task.reserved_pieces(config))
     logging.info("vocabulary: built by process %d of %d: %s", jax.process_index(),
                  jax.process_count(), path)
     return built
@@ -63,20 +64,20 @@ def vocabulary_for(config, workdir: str):
   return vocab
 
 
-def vocabulary_sample(config) -> list[str]:
+def vocabulary_sample(config, task) -> list[str]:
   """Training sentences (both sides) for the vocabulary: all of them, or
   `vocab_sample_sentences` of them drawn uniformly at random in one streaming pass over the
   training text (`vocabulary.streamed_sample`), seeded by config.seed."""
-  chunks = source_text.text_pair_chunks(config, config.dataset.train_split)
+  chunks = task.text_pair_chunks(config, config.dataset.train_split)
   return vocabulary.streamed_sample(chunks, config.dataset.vocab_sample_sentences, config.seed)
 
 
-def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: bool,
+def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: bool, task,
                       group: int = 1):
   """TokenBucketedBatches over a split, with the filtering logged; token ids come from the
   workdir's cache after the first run (`tokenized.split_ids`). `group`: see
   `bucketing.epoch_batches`."""
-  split_ids = tokenized.split_ids(config, vocab, split)
+  split_ids = tokenized.split_ids(config, vocab, split, task)
   logging.info("%s/%s: %d pairs kept, %d empty skipped, %d longer than %d tokens skipped",
                config.dataset.name, split, len(split_ids.sources), split_ids.skipped_empty,
                split_ids.skipped_long, config.dataset.max_length)

@@ -1,7 +1,8 @@
 """Stage 1 of the data flow (see pipeline.py): the source text of a split, as sentence pairs.
 
 Datasets: "toy_reverse" (synthetic), "multi30k", "parallel_text" (files named in the config),
-"penn_treebank" (sentences and their linearized trees, aiayn_flax/parsing/), and any tfds translation builder such as wmt14_translate/de-en or /fr-en. A tfds dataset is
+and any tfds translation builder such as wmt14_translate/de-en or /fr-en. (A task with text of
+its own, such as parsing, hands the pipeline its text itself: aiayn_flax/tasks/.) A tfds dataset is
 read by language (`source_lang`, `target_lang`), whatever its supervised keys say: tfds' WMT14
 builders are keyed (xx, "en"), and the paper translates EN->DE and EN->FR. It is streamed in
 chunks (`text_pair_chunks`), never held whole as Python strings.
@@ -12,7 +13,7 @@ from aiayn_flax import process_zero
 from aiayn_flax.data import toy
 
 CHUNK_PAIRS = 50_000  # sentence pairs read and tokenized at a time
-_LOCAL_DATASETS = ("toy_reverse", "multi30k", "parallel_text", "penn_treebank")
+_LOCAL_DATASETS = ("toy_reverse", "multi30k", "parallel_text")
 
 TextChunks = Iterable[tuple[list[str], list[str]]]
 
@@ -39,9 +40,6 @@ def text_pairs(config, split: str) -> tuple[list[str], list[str]]:
   if name == "multi30k":
     from aiayn_flax.data import multi30k
     return multi30k.read_split_pairs(split)
-  if name == "penn_treebank":
-    from aiayn_flax.parsing import sentences
-    return sentences.text_pairs(dataset, split)
   if name == "parallel_text":
     from aiayn_flax.data import text_files
     if split not in dataset.files:

@@ -1,8 +1,9 @@
 """Stage 3 of the data flow (see pipeline.py): token ids of a split, cached in the workdir.
 
 Tokenized splits are cached beside the vocabulary (WORKDIR/tokenized/*.npz: token ids +
-offsets), keyed by the vocabulary file, the dataset, the split and max_length, so that later
-runs and restarts skip tokenization. The tokenizer works chunk by chunk on the streamed text.
+offsets), keyed by the vocabulary file, the dataset, the split, max_length and the fields the
+task names as changing the ids (`task.cache_key_fields`: a parser's tree leaves and treebank),
+so that later runs and restarts skip tokenization and a changed field tokenizes again. The tokenizer works chunk by chunk on the streamed text.
 """
 import dataclasses
 import hashlib
@@ -19,7 +20,7 @@ from absl import logging
 from etils import epath
 
 from aiayn_flax import paths, process_zero
-from aiayn_flax.data import ragged, source_text, vocabulary
+from aiayn_flax.data import ragged, vocabulary
 from aiayn_flax.data.ragged import RaggedIds
 from aiayn_flax.data.source_text import TextChunks
 
@@ -68,14 +69,14 @@ def _tokenize_chunks(chunks: TextChunks, vocab, max_length: int) -> TokenizedSpl
                         skipped_empty, skipped_long)
 
 
-def split_ids(config, vocab, split: str) -> TokenizedSplit:
+def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
   """A split's token ids: read from the tokenized cache beside the vocabulary file when there,
   else tokenized chunk by chunk and cached. With several processes, process 0 tokenizes and
   writes the cache while the others wait, then they read it (process_zero.first). (The toy
   task's vocabulary has no file, and no cache: its pairs are generated in a moment.)"""
-  path, key = _cache_path_and_key(config, vocab, split)
+  path, key = _cache_path_and_key(config, vocab, split, task)
   if not path:
-    return _tokenize(config, vocab, split)
+    return _tokenize(config, vocab, split, task)
   name = f"{config.dataset.name}/{split}"
 
   def make():
@@ -83,7 +84,7 @@ def split_ids(config, vocab, split: str) -> TokenizedSplit:
     if cached is not None:
       logging.info("%s: token ids read from %s", name, path)
       return cached
-    ids = _tokenize(config, vocab, split)
+    ids = _tokenize(config, vocab, split, task)
     _write_tokenized(path, key, ids)
     logging.info("%s: token ids built by process %d of %d", name, jax.process_index(),
                  jax.process_count())
@@ -102,12 +103,12 @@ def split_ids(config, vocab, split: str) -> TokenizedSplit:
   return process_zero.first(f"tokenized {name}", make, read)
 
 
-def _tokenize(config, vocab, split: str) -> TokenizedSplit:
-  return _tokenize_chunks(source_text.text_pair_chunks(config, split), vocab,
+def _tokenize(config, vocab, split: str, task) -> TokenizedSplit:
+  return _tokenize_chunks(task.text_pair_chunks(config, split), vocab,
                           config.dataset.max_length)
 
 
-def _cache_path_and_key(config, vocab, split: str) -> tuple[epath.Path | None, str | None]:
+def _cache_path_and_key(config, vocab, split: str, task) -> tuple[epath.Path | None, str | None]:
   """(WORKDIR/tokenized/NAME-SPLIT-DIGEST.npz, the JSON key the digest is of)."""
   model_path = getattr(vocab, "model_path", None)
   if not model_path or not epath.Path(model_path).exists():
@@ -117,6 +118,8 @@ def _cache_path_and_key(config, vocab, split: str) -> tuple[epath.Path | None, s
   key = {"format": _CACHE_FORMAT, "vocabulary_sha256": vocabulary_sha256,
          "dataset": dataset.name, "split": split, "max_length": dataset.max_length,
          "source_lang": dataset.get("source_lang"), "target_lang": dataset.get("target_lang")}
+  if task_fields := task.cache_key_fields(config):  # (none for translation: its caches stay)
+    key["task"] = task_fields
   if dataset.name == "parallel_text" and split in dataset.get("files", {}):
     key["files"] = [[os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns]
                     for p in dataset.files[split] if os.path.exists(p)]

@@ -49,9 +49,10 @@ def tree_tokens(dataset) -> list[str]:
 
 
 def sentence_words(sentence: str) -> list[str]:
-  """A sentence's words as the tree holds them: split at spaces, brackets written as the
-  treebank writes them (-LRB- ...)."""
-  return [BRACKET_WORDS.get(word, word) for word in sentence.split()]
+  """A sentence's words as the tree holds them: split at white space, every bracket written as
+  the treebank writes it (-LRB- ...), alone or inside a word (`f(x)` -> `f-LRB-x-RRB-`), so
+  that the tree's line reads back as one tree over these words."""
+  return ["".join(BRACKET_WORDS.get(c, c) for c in word) for word in sentence.split()]
 
 
 def tree_line(sentence: str, decoded: str, gold_line: str | None = None,

@@ -72,8 +72,10 @@ class Parsing:
 
   @staticmethod
   def evaluate_split(workdir: str, config, split: str, beam_size: int, alpha: float,
-                     average_last: int, batch_size: int, output_dir: str | None = None):
-    """evaluate.py for a parsing run: trees, WORKDIR/eval/<split>.gold and .tst, EVALB F1."""
+                     average_last: int, batch_size: int, output_dir: str | None = None,
+                     step: int | None = None):
+    """evaluate.py for a parsing run: trees, WORKDIR/eval/<split>.gold and .tst, EVALB F1 (the
+    checkpoints ending at `step`, or the newest)."""
     from aiayn_flax.parsing import evaluation
     return evaluation.parse_and_score(workdir, config, split, beam_size, alpha, average_last,
-                                      batch_size, output_dir)
+                                      batch_size, output_dir, step)

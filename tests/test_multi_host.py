@@ -56,37 +56,51 @@ def final_params(workdir, *flags):
   return checkpoints.load_params(str(workdir), shapes, [STEPS])
 
 
-def assert_trains_as_on_one_process(tmp_path, *flags):
-  two = launch([*FLAGS, *flags, f"--workdir={tmp_path / 'two'}"], 2, 4)
+def assert_trains_as_on_one_process(workdir_two, two, workdir_one, one, *flags):
   for index, result in enumerate(two):
     assert f"process {index} of 2, local devices 4, global devices 8" in result.stderr
   assert digest_of(two[0]) == digest_of(two[1])  # both hosts finished with the same params
-  digest_of(launch([*FLAGS, *flags, f"--workdir={tmp_path / 'one'}"], 1, 8)[0])
+  digest_of(one)
   # The same parameters up to the rounding of sums taken in another order.
   worst = max(float(np.max(np.abs(a - b)))
-              for a, b in zip(jax.tree.leaves(final_params(tmp_path / "two", *flags)),
-                              jax.tree.leaves(final_params(tmp_path / "one", *flags))))
+              for a, b in zip(jax.tree.leaves(final_params(workdir_two, *flags)),
+                              jax.tree.leaves(final_params(workdir_one, *flags))))
   print(f"largest parameter difference, 2 x 4 devices vs 1 x 8: {worst:.2e}")
   assert worst < 1e-5
 
 
+FSDP = ["--config.fsdp=True"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory):
+  """FSDP over 2 hosts x 4 devices, each host building only its own rows (the default), and
+  the same flags on 1 process x 8 devices: launched once for the two tests below."""
+  root = tmp_path_factory.mktemp("fsdp")
+  two = launch([*FLAGS, *FSDP, f"--workdir={root / 'two'}"], 2, 4)
+  one = launch([*FLAGS, *FSDP, f"--workdir={root / 'one'}"], 1, 8)[0]
+  return root, two, one
+
+
 @pytest.mark.slow
-def test_fsdp_across_hosts_trains_to_the_end_as_on_one_process(tmp_path):
-  assert_trains_as_on_one_process(tmp_path, "--config.fsdp=True")
+def test_fsdp_across_hosts_trains_to_the_end_as_on_one_process(fsdp_runs):
+  root, two, one = fsdp_runs
+  assert_trains_as_on_one_process(root / "two", two, root / "one", one, *FSDP)
 
 
 LOSS = re.compile(r"step (\d+)/\d+: loss ([0-9.]+)")
 
 
 @pytest.mark.slow
-def test_hosts_building_only_their_own_rows_train_as_hosts_building_every_row(tmp_path):
-  """Each of 2 hosts builds half of every batch (config.host_local_batches): the parameters
-  are bit for bit those of hosts that each build every row, and the loss curve (summed over
-  the hosts' rows) is the one process's."""
-  own, every = (launch([*FLAGS, f"--config.host_local_batches={local}",
-                        f"--workdir={tmp_path / str(local)}"], 2, 4) for local in (True, False))
+def test_hosts_building_only_their_own_rows_train_as_hosts_building_every_row(fsdp_runs,
+                                                                               tmp_path):
+  """Each of 2 hosts builds half of every batch (config.host_local_batches, the default): the
+  parameters are bit for bit those of hosts that each build every row, and the loss curve
+  (summed over the hosts' rows) is the one process's."""
+  _, own, one = fsdp_runs
+  every = launch([*FLAGS, *FSDP, "--config.host_local_batches=False",
+                  f"--workdir={tmp_path / 'every'}"], 2, 4)
   assert digest_of(own[0]) == digest_of(own[1]) == digest_of(every[0])
-  one = launch([*FLAGS, f"--workdir={tmp_path / 'one'}"], 1, 8)[0]
   curves = [[(int(step), float(loss)) for step, loss in LOSS.findall(result.stderr)]
             for result in (own[0], every[0], one)]
   assert [step for step, _ in curves[0]] == [5, 10]
@@ -101,7 +115,10 @@ def test_hosts_building_only_their_own_rows_train_as_hosts_building_every_row(tm
 
 @pytest.mark.slow
 def test_model_axis_spanning_hosts_trains_to_the_end_as_on_one_process(tmp_path):
-  assert_trains_as_on_one_process(tmp_path, *MODEL_AXIS_FLAGS)
+  two = launch([*FLAGS, *MODEL_AXIS_FLAGS, f"--workdir={tmp_path / 'two'}"], 2, 4)
+  one = launch([*FLAGS, *MODEL_AXIS_FLAGS, f"--workdir={tmp_path / 'one'}"], 1, 8)[0]
+  assert_trains_as_on_one_process(tmp_path / "two", two, tmp_path / "one", one,
+                                  *MODEL_AXIS_FLAGS)
 
 
 @pytest.mark.slow

@@ -6,6 +6,21 @@ line naming its key, instead of training silently on something else (a `d_model`
 # Fields renamed since: a config (or a --config.OLD=... flag) that still names one stops with
 # the new name, instead of setting a field nothing reads.
 RENAMED_FIELDS = {"eval_bleu_sentences": "eval_decode_sentences"}
+# Fields added since, with the value that runs saved before them had in effect (a saved run
+# is read, and resumed, as if it had them).
+ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": False,
+                "model.source_token_dropout_rate": 0.0}
+
+
+def with_added_fields(saved: dict) -> dict:
+  """A saved config (nested dicts, changed in place) with the ADDED_FIELDS it lacks."""
+  for name, value in ADDED_FIELDS.items():
+    *parents, key = name.split(".")
+    block = saved
+    for parent in parents:
+      block = block[parent]
+    block.setdefault(key, value)
+  return saved
 
 
 def renamed_field_message(name: str) -> str | None:
@@ -48,7 +63,7 @@ def check_config(config) -> None:
     _check(model[key] or model.d_model % model.num_heads == 0, "model.d_model", model.d_model,
            f"must be a multiple of model.num_heads={model.num_heads} while model.{key} is 0 "
            f"(d_model / num_heads per head); or set model.{key}")
-  for key in ("dropout_rate", "attention_dropout_rate"):
+  for key in ("dropout_rate", "attention_dropout_rate", "source_token_dropout_rate"):
     _check(0 <= model[key] < 1, f"model.{key}", model[key], "must be in [0, 1)")
   _check(model.positions in ("sinusoidal", "learned"), "model.positions", model.positions,
          "must be 'sinusoidal' or 'learned'")

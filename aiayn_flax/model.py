@@ -27,7 +27,7 @@ import numpy as np
 from flax import traverse_util
 
 from aiayn_flax import decoding
-from aiayn_flax.data.vocabulary import BOS_ID, PAD_ID  # BOS is the decoder's first input
+from aiayn_flax.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # BOS: the decoder's first input
 
 _LAYER_NORM_EPSILON = 1e-6
 
@@ -85,6 +85,14 @@ def _mix32(x):
   return x ^ (x >> 16)
 
 
+def _dropped(shape, rate: float, module: nn.Module):
+  """A [shape] bool mask, True with probability `rate`: Dropout's hashed counter bits."""
+  seed = jax.random.bits(module.make_rng("dropout"), (2,), jnp.uint32)
+  counter = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+  bits = _mix32(_mix32(counter ^ seed[0]) + seed[1])
+  return bits < jnp.uint32(min(round(rate * 2 ** 32), 2 ** 32 - 1))
+
+
 class Dropout(nn.Module):
   """Inverted dropout whose random bits are a counter-based hash of each element's index, keyed
   by two words drawn from the "dropout" rng: a few integer operations that XLA fuses into the
@@ -99,11 +107,22 @@ class Dropout(nn.Module):
       return x
     if x.size >= 2 ** 32:
       raise ValueError(f"Dropout: {x.size} elements overflow its 32-bit element counter")
-    seed = jax.random.bits(self.make_rng("dropout"), (2,), jnp.uint32)
-    counter = jax.lax.iota(jnp.uint32, x.size).reshape(x.shape)
-    bits = _mix32(_mix32(counter ^ seed[0]) + seed[1])
-    keep = bits >= jnp.uint32(min(round(self.rate * 2 ** 32), 2 ** 32 - 1))
-    return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
+    return jnp.where(_dropped(x.shape, self.rate, self), jnp.zeros_like(x),
+                     x / jnp.asarray(1.0 - self.rate, x.dtype))
+
+
+class SourceTokenDropout(nn.Module):
+  """In training, each source token but padding and EOS becomes <unk> with probability `rate`:
+  the model learns to read a word from its context too, as it must for words unseen in a
+  small training set (word dropout, as parsers trained on one treebank use it)."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, tokens, *, deterministic: bool):
+    if deterministic or self.rate == 0.0:
+      return tokens
+    real = (tokens != PAD_ID) & (tokens != EOS_ID)
+    return jnp.where(real & _dropped(tokens.shape, self.rate, self), UNK_ID, tokens)
 
 
 def attention(q, k, v, mask, dropout_rate, deterministic, module):
@@ -316,9 +335,11 @@ class Encoder(nn.Module):
   def __call__(self, inputs, *, deterministic: bool):
     # inputs: [B, S] token ids -> [B, S, D]
     cfg = self.config
+    source_mask = padding_mask(inputs)
+    inputs = SourceTokenDropout(cfg.source_token_dropout_rate, name="token_dropout")(
+        inputs, deterministic=deterministic)
     x = self.embed(inputs) * math.sqrt(cfg.d_model)  # section 3.4
     x = PositionalEmbedding(cfg, name="positions")(x, 0, deterministic=deterministic)
-    source_mask = padding_mask(inputs)
     for i in range(cfg.num_layers):
       x = EncoderLayer(cfg, name=f"layer_{i}")(x, source_mask, deterministic=deterministic)
     if cfg.pre_layer_norm:

@@ -28,7 +28,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   for old, new in config_checks.RENAMED_FIELDS.items():  # a run saved before the rename
     if old in saved:
       saved[new] = saved.pop(old)
-  return ml_collections.ConfigDict(saved)
+  return ml_collections.ConfigDict(config_checks.with_added_fields(saved))
 
 
 def load_model_and_params(workdir: str, config, average_last: int = 1,

@@ -31,8 +31,6 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
 # that saved them resumes without a conflict.
 REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer",
                             "eval_bleu_sentences"})  # renamed eval_decode_sentences
-# Fields added since, with the value that runs saved before them had in effect.
-ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": False}
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -48,7 +46,7 @@ def resume_conflicts(saved: dict, current: dict, prefix: str = "") -> list[str]:
   conflicts = []
   for key in sorted(set(saved) | set(current)):
     name = prefix + key
-    old, new = saved.get(key, ADDED_FIELDS.get(name)), current.get(key)
+    old, new = saved.get(key, config_checks.ADDED_FIELDS.get(name)), current.get(key)
     if isinstance(old, dict) and isinstance(new, dict):
       conflicts += resume_conflicts(old, new, name + ".")
     elif old != new and name not in SAFE_TO_CHANGE_ON_RESUME | REMOVED_FIELDS:

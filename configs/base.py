@@ -46,6 +46,9 @@ def model_config(**overrides):
       num_layers=6,  # N, for the encoder and the decoder stacks alike
       dropout_rate=0.1,  # P_drop: sublayer outputs and embeddings + positions (5.4)
       attention_dropout_rate=0.0,  # not in the paper; tensor2tensor's option
+      # not in the paper: the share of source tokens replaced by <unk> in training (word
+      # dropout on the input, as parsers trained on small treebanks use it)
+      source_token_dropout_rate=0.0,
       positions="sinusoidal",  # or "learned" (Table 3 row E)
       max_positions=1024,  # size of the learned position table (row E only)
       pre_layer_norm=False,  # the paper is post-LN: LayerNorm(x + Dropout(Sublayer(x)))

@@ -1,9 +1,11 @@
 """Every field of every config is read by the code: a field nothing reads would let
 `--config.key=value` silently change nothing (and still take part in the resume check)."""
+import copy
 import re
 
 import pytest
 
+from aiayn_flax import config_checks
 from conftest import REPO, run_script
 from configs import base, big, big_enfr, multi30k, parsing, parsing_sample, toy
 
@@ -67,13 +69,20 @@ def test_the_check_sees_an_unread_field_even_with_a_common_name(field, source_te
 def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_value():
   from aiayn_flax import trainer
   current = trainer.config_dict(toy.get_config())
-  saved = {**current, "weight_decay": 0.0,
+  saved = {**copy.deepcopy(current), "weight_decay": 0.0,
            "dataset": {**current["dataset"], "shuffle_buffer": 1000}}
   assert trainer.resume_conflicts(saved, current) == []
   del saved["dataset"]["vocab_character_coverage"]  # saved before the field existed: 1.0
   assert trainer.resume_conflicts(saved, current) == [
       "dataset.vocab_character_coverage: 1.0 -> 0.9995"]
   saved["dataset"]["vocab_character_coverage"] = 0.9995
+  del saved["model"]["source_token_dropout_rate"]  # saved before the field existed: 0.0
+  assert trainer.resume_conflicts(saved, current) == []
+  assert trainer.resume_conflicts(saved, {**current, "model": {
+      **current["model"], "source_token_dropout_rate": 0.1}}) == [
+          "model.source_token_dropout_rate: 0.0 -> 0.1"]
+  # evaluate.py and translate.py read such a run with the value it had in effect
+  assert config_checks.with_added_fields(copy.deepcopy(saved))["model"] == current["model"]
   saved["dataset"]["max_length"] += 1
   assert trainer.resume_conflicts(saved, current) == [
       f"dataset.max_length: {current['dataset']['max_length'] + 1} -> "

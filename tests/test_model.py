@@ -206,3 +206,38 @@ def test_dropout_keeps_each_element_independently_with_probability_one_minus_rat
   np.testing.assert_array_equal(out, _dropout(x, 0.1, jax.random.key(0)))
   np.testing.assert_array_equal(
       model_lib.Dropout(0.1).apply({}, x, deterministic=True), x)
+
+
+def test_source_token_dropout_turns_real_tokens_into_unk_at_its_rate_and_only_in_training():
+  tokens = np.full((400, 500), 7, np.int32)
+  tokens[:, 400] = vocabulary.EOS_ID
+  tokens[:, 401:] = vocabulary.PAD_ID
+  dropout = model_lib.SourceTokenDropout(0.2)
+  out = np.asarray(dropout.apply({}, jnp.asarray(tokens), deterministic=False,
+                                 rngs={"dropout": jax.random.key(0)}))
+  np.testing.assert_array_equal(out[:, 400:], tokens[:, 400:])  # EOS and padding stay
+  assert set(np.unique(out[:, :400])) == {vocabulary.UNK_ID, 7}
+  # 160,000 Bernoulli(0.2) draws: the standard deviation of the mean is 1e-3.
+  assert abs((out[:, :400] == vocabulary.UNK_ID).mean() - 0.2) < 5e-3
+  np.testing.assert_array_equal(
+      dropout.apply({}, jnp.asarray(tokens), deterministic=True), tokens)
+
+
+def test_the_encoder_reads_the_tokens_left_after_source_token_dropout():
+  """With every real token dropped, the training forward pass is that of an all-<unk> input;
+  at rate 0 it is that of the input."""
+  cfg = base.model_config(vocab_size=32, d_model=16, d_ff=32, num_heads=2, num_layers=1,
+                          dropout_rate=0.0, dtype="float32")
+  inputs = jnp.array([[5, 6, 7, vocabulary.EOS_ID, 0]], jnp.int32)
+  unknown = jnp.array([[vocabulary.UNK_ID] * 3 + [vocabulary.EOS_ID, 0]], jnp.int32)
+  targets = jnp.array([[8, 9, vocabulary.EOS_ID]], jnp.int32)
+
+  def logits(rate, source):
+    cfg.source_token_dropout_rate = rate
+    model = model_lib.Transformer(ml_collections.FrozenConfigDict(cfg))
+    params = model.init(jax.random.key(0), inputs, targets)
+    return model.apply(params, source, targets, train=True, rngs={"dropout": jax.random.key(1)})
+
+  # (the largest rate below 1: a token is kept with probability 2^-32)
+  np.testing.assert_array_equal(logits(1 - 2 ** -33, inputs), logits(0.0, unknown))
+  assert not np.array_equal(logits(0.0, inputs), logits(0.0, unknown))

@@ -27,7 +27,8 @@ import numpy as np
 from flax import traverse_util
 
 from aiayn_flax import decoding
-from aiayn_flax.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # BOS: the decoder's first input
+# BOS is the decoder's first input; EOS, PAD and UNK matter to source token dropout
+from aiayn_flax.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 _LAYER_NORM_EPSILON = 1e-6
 

@@ -109,6 +109,7 @@ class SeedRun:
     self.config = run_dir.load_config(workdir)
     self.vocab = run_dir.load_vocabulary(workdir, self.config)
     self._params = {}
+    self._splits = {}
 
   def params(self, average_last: int):
     from aiayn_flax import run_dir
@@ -121,21 +122,18 @@ class SeedRun:
             extra_length: int | None = None) -> dict:
     """Test lines of the split's sentences (trees with the gold tags), EVALB counts, time."""
     from aiayn_flax import tasks
-    from aiayn_flax.parsing import bootstrap, evalb, sentences
-    from aiayn_flax.translator import Translator
+    from aiayn_flax.parsing import bootstrap, evalb, evaluation
     config = self.config.copy_and_resolve_references()
     config.decode_constrained = constrained
     task = tasks.for_config(config)
-    sources, gold = split_text(config, split)
+    if split not in self._splits:  # read once: every setting decodes the same sentences
+      self._splits[split] = split_text(config, split)
+    sources, gold = self._splits[split]
     model, params, steps = self.params(average_last)
-    translator = Translator(model, params, self.vocab, beam_size=beam, alpha=alpha,
-                            extra_length=config.decode_extra_length if extra_length is None
-                            else extra_length, batch_size=config.decode_batch_size,
-                            constraint_for=task.decoding_constraint(self.vocab))
-    start = time.time()
-    decoded = translator.translate(sources)
-    seconds = time.time() - start
-    test = [sentences.tree_line(s, d, g, task.leaves) for s, d, g in zip(sources, decoded, gold)]
+    test, seconds = evaluation.parse_sentences(
+        task, model, params, self.vocab, sources, gold, beam, alpha,
+        config.decode_extra_length if extra_length is None else extra_length,
+        config.decode_batch_size)
     totals = evalb.score_corpus(gold, test).all
     return {"lines": test, "counts": bootstrap.sentence_counts(gold, test).tolist(),
             "scores": totals_dict(totals), "decode_seconds": seconds,

@@ -19,6 +19,20 @@ from aiayn_flax.parsing import evalb, sentences
 from aiayn_flax.translator import Translator
 
 
+def parse_sentences(task, model, params, vocab, sources, gold, beam_size: int, alpha: float,
+                    extra_length: int, batch_size: int, progress_every: int = 0):
+  """(test lines, decoding seconds): each sentence decoded with the task's constraint (or
+  none) and made a tree over its words with the gold tags, aligned with `gold`."""
+  translator = Translator(model, params, vocab, beam_size=beam_size, alpha=alpha,
+                          extra_length=extra_length, batch_size=batch_size,
+                          constraint_for=task.decoding_constraint(vocab))
+  start = time.time()
+  decoded = translator.translate(sources, progress_every=progress_every)
+  seconds = time.time() - start
+  return [sentences.tree_line(s, d, g, task.leaves)
+          for s, d, g in zip(sources, decoded, gold)], seconds
+
+
 def parse_and_score(workdir: str, config, split: str, beam_size: int, alpha: float,
                     average_last: int, batch_size: int, output_dir: str | None = None,
                     step: int | None = None):
@@ -32,13 +46,8 @@ def parse_and_score(workdir: str, config, split: str, beam_size: int, alpha: flo
   vocab = run_dir.load_vocabulary(workdir, config)
   logging.info("parsing %d sentences of %s: beam %d, alpha %.2f, parameters of steps %s",
                len(sources), split, beam_size, alpha, steps)
-  translator = Translator(model, params, vocab, beam_size=beam_size, alpha=alpha,
-                          extra_length=config.decode_extra_length, batch_size=batch_size,
-                          constraint_for=task.decoding_constraint(vocab))
-  start = time.time()
-  decoded = translator.translate(sources, progress_every=50)
-  seconds = time.time() - start
-  test = [sentences.tree_line(s, d, g, task.leaves) for s, d, g in zip(sources, decoded, gold)]
+  test, seconds = parse_sentences(task, model, params, vocab, sources, gold, beam_size, alpha,
+                                  config.decode_extra_length, batch_size, progress_every=50)
   scores = evalb.score_corpus(gold, test)
   if jax.process_index() > 0:
     return scores  # every process has every tree (the translator gathers them); 0 writes

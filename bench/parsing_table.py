@@ -288,7 +288,7 @@ def main(argv):
                                constrained) for run in runs])
     paper = {"beam": FLAGS.paper_beam, "alpha": PAPER_ALPHA, "extra_length": PAPER_EXTRA_LENGTH,
              "average_last": runs[0].config.average_last_checkpoints,
-             "constrained": bool(runs[0].config.get("decode_constrained", True))}
+             "constrained": runs[0].config.decode_constrained}
     test["paper"] = (paper, [run.parse("test", paper["beam"], paper["alpha"],
                                        paper["average_last"], paper["constrained"],
                                        PAPER_EXTRA_LENGTH) for run in runs])

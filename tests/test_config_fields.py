@@ -83,6 +83,8 @@ def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_valu
           "model.source_token_dropout_rate: 0.0 -> 0.1"]
   # evaluate.py and translate.py read such a run with the value it had in effect
   assert config_checks.with_added_fields(copy.deepcopy(saved))["model"] == current["model"]
+  before_constraint = {k: v for k, v in copy.deepcopy(saved).items() if k != "decode_constrained"}
+  assert config_checks.with_added_fields(before_constraint)["decode_constrained"] is True
   saved["dataset"]["max_length"] += 1
   assert trainer.resume_conflicts(saved, current) == [
       f"dataset.max_length: {current['dataset']['max_length'] + 1} -> "

@@ -11,7 +11,7 @@ class Parsing:
   @classmethod
   def for_config(cls, config):
     from aiayn_flax.parsing import sentences
-    return cls(sentences.tree_leaves(config.dataset), config.get("decode_constrained", True))
+    return cls(sentences.tree_leaves(config.dataset), config.decode_constrained)
 
   def text_pair_chunks(self, config, split: str):
     from aiayn_flax.parsing import sentences

@@ -157,6 +157,22 @@ def run_script(*args, stdin: str | bytes | None = None, env: dict | None = None,
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects by marker
+def truncate_array_files(workdir, step: int, under: str = "") -> None:
+  """Cuts every data file of a finished checkpoint's train state (or of its folder `under`) to
+  half its size.
+
+  Every file, not only the largest: which arrays share a file varies from run to run, and the
+  parameters alone (all that evaluation reads) must be unreadable too.
+  """
+  from aiayn_flax import checkpoints
+  state = os.path.join(checkpoints.checkpoint_dir(workdir), str(step), "state", under)
+  data_files = [os.path.join(root, name) for root, _, names in os.walk(state)
+                if os.path.basename(root) == "d" for name in names]
+  assert data_files, f"no array data files under {state}"
+  for path in data_files:
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
 def pytest_collection_modifyitems(items):
   for item in items:
     fixtures = getattr(item, "fixturenames", ())

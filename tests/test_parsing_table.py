@@ -1,8 +1,9 @@
 """bench/parsing_table.py end to end on a tiny config: 2 seeds trained, decoding chosen on the
 validation files, the test files decoded for every row, baselines and bootstrap in the table
-and its JSON; a second call reuses the finished seeds instead of training them again."""
+and its JSON; the finished seeds are the ones a second call reuses instead of training again."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -68,10 +69,17 @@ def test_table_trains_seeds_chooses_on_validation_and_compares_with_the_baseline
   with open(os.path.join(runs_dir, "table.md"), encoding="utf-8") as f:
     assert "p=" in f.read()
 
-  _, again = table(runs_dir, "--notrain")
-  assert again["configurations"]["tiny"]["training"] == {"0": {"reused": True},
-                                                         "1": {"reused": True}}
-  assert again["rows"][0]["f1"] == report["rows"][0]["f1"]  # the same finished runs, decoded again
+  # A second call would reuse both seeds rather than train them again (it trains only seeds
+  # that are not finished); a workdir whose last checkpoint is short of the end is not finished.
+  sys.path.insert(0, REPO)
+  from bench import parsing_table
+  assert all(parsing_table.finished(os.path.join(runs_dir, "tiny", f"seed{seed}"))
+             for seed in (0, 1))
+  short = tmp_path / "short"
+  shutil.copytree(os.path.join(runs_dir, "tiny", "seed0"), short)
+  from aiayn_flax import checkpoints
+  shutil.rmtree(checkpoints.checkpoint_dir(str(short)) / "12")
+  assert not parsing_table.finished(str(short))
 
 
 class FakeRun:

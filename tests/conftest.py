@@ -156,7 +156,6 @@ def run_script(*args, stdin: str | bytes | None = None, env: dict | None = None,
                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
 def truncate_array_files(workdir, step: int, under: str = "") -> None:
   """Cuts every data file of a finished checkpoint's train state (or of its folder `under`) to
   half its size.
@@ -173,6 +172,7 @@ def truncate_array_files(workdir, step: int, under: str = "") -> None:
     os.truncate(path, os.path.getsize(path) // 2)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
 def pytest_collection_modifyitems(items):
   for item in items:
     fixtures = getattr(item, "fixturenames", ())

@@ -156,4 +156,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from aiayn_flax import huge_pages
+  huge_pages.restart_with_huge_pages()  # XLA:CPU's buffers on huge pages: fewer page faults
   app.run(main)

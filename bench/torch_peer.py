@@ -8,9 +8,12 @@ in a process of its own, on request.
          "length": 32, "steps": 5}' | .bench_venv/bin/python bench/torch_peer.py
 
 A request names the model's shape and the batch shape (train_speed.py copies both from our
-config, so the two sides cannot drift apart); the first request for a shape builds the model and
-runs two warm-up steps, later ones reuse it. The answer gives the parameter count and the
-seconds per training step over `steps` steps.
+config, so the two sides cannot drift apart), and optionally `"compile": true` (the model and
+its loss through `torch.compile`, inductor's default mode, as a PyTorch user on a CPU would) or
+`"autocast": "bfloat16"` (the forward pass under torch.autocast, the peer of our bf16 compute);
+the first request for a setting builds the model and runs two warm-up steps (the first one
+compiles: its time is `warmup_seconds`), later ones reuse it. The answer gives the parameter
+count, the warm-up time and the seconds per training step over `steps` steps.
 
 The model is the paper's, written with torch.nn's layers: post-LN encoder and decoder layers
 (ReLU, dropout on every sublayer output and on the embeddings only), no final LayerNorm (as
@@ -104,12 +107,26 @@ class TimedStep:
                     for b in synthetic_batches(request["rows"], request["length"],
                                                request["model"]["vocab_size"])]
     self.parameters = sum(p.numel() for p in self.model.parameters())
-    self.seconds_per_step(2)  # warm up
+    autocast = request.get("autocast")
+    self.autocast = getattr(torch, autocast) if autocast else None
+    # The forward pass and the loss in one compiled graph (its backward is compiled with it);
+    # the optimizer's update stays eager, as torch.compile's tutorials train.
+    self.forward_loss = (torch.compile(self._forward_loss) if request.get("compile")
+                         else self._forward_loss)
+    self.warmup_seconds = self.seconds_per_step(2) * 2  # the first step compiles
+
+  def _forward_loss(self, inputs, targets) -> torch.Tensor:
+    logits = self.model(inputs, targets)
+    return self.loss(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
   def step(self, inputs, targets) -> None:
     self.optimizer.zero_grad(set_to_none=True)
-    logits = self.model(inputs, targets)
-    self.loss(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+    if self.autocast is None:
+      loss = self.forward_loss(inputs, targets)
+    else:
+      with torch.autocast("cpu", dtype=self.autocast):
+        loss = self.forward_loss(inputs, targets)
+    loss.backward()
     self.optimizer.step()
 
   def seconds_per_step(self, steps: int) -> float:
@@ -123,12 +140,20 @@ def main() -> None:
   built = {}
   for line in sys.stdin:
     request = json.loads(line)
-    key = json.dumps({k: v for k, v in request.items() if k != "steps"}, sort_keys=True)
+    key = json.dumps({k: v for k, v in request.items() if k not in ("steps", "profile")},
+                     sort_keys=True)
     if key not in built:
       built[key] = TimedStep(request)
     timed = built[key]
+    if request.get("profile"):  # bench/profile_step.py: self CPU time by op
+      with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        timed.seconds_per_step(request["steps"])
+      table = profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+      print(json.dumps({"profile": table}), flush=True)
+      continue
     seconds = timed.seconds_per_step(request["steps"])
     print(json.dumps({"parameters": timed.parameters, "seconds_per_step": seconds,
+                      "warmup_seconds": timed.warmup_seconds,
                       "torch": torch.__version__, "threads": torch.get_num_threads()}),
           flush=True)
 

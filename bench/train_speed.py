@@ -62,6 +62,11 @@ flags.DEFINE_integer("steps_per_call", 0, "Our steps per compiled call for the p
                      "(train_step.train_steps); 0: the config's.")
 flags.DEFINE_string("torch_python", os.path.join(".bench_venv", "bin", "python"),
                     "Python with torch (bench/torch_peer.py says how to install it).")
+flags.DEFINE_list("peers", ["eager", "compile"], "PyTorch peers timed beside ours: eager (plain "
+                  "torch.nn) and compile (the same model and loss through torch.compile).")
+flags.DEFINE_bool("bf16", False, "Also time bfloat16 compute (--config.model.dtype=bfloat16 "
+                  "against the peer under torch.autocast(bfloat16)), as rows of their own; f32 "
+                  "stays the matched comparison. Meant for CPUs with AVX512-BF16 or AMX.")
 flags.DEFINE_integer("torch_threads", 0, "The peer's intra-op threads (0: torch's default, one "
                      "per core). On a machine shared with other jobs, torch's OpenMP threads wait "
                      "for each other at every op, and 1 can be faster than 2.")
@@ -83,7 +88,22 @@ def size_config(size: str):
     raise app.UsageError(f"--sizes: unknown size {size!r} (expected quickstart or base)")
   if FLAGS.steps_per_call:
     config.steps_per_call = FLAGS.steps_per_call
+  config.model.dtype = "float32"  # "auto" is f32 on a CPU already; the bf16 rows set it
   return config, shape
+
+
+def cpu_model() -> str:
+  """The CPU's model name and its bf16 features, from /proc/cpuinfo (Linux)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      info = f.read()
+  except OSError:
+    return "unknown CPU"
+  fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+  fields = {k.strip(): v.strip() for k, v in fields.items()}
+  features = set(fields.get("flags", "").split())
+  bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in features]
+  return f"{fields.get('model name', 'unknown CPU')} ({', '.join(bf16) or 'no bf16 units'})"
 
 
 def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> float:
@@ -191,20 +211,23 @@ class Peer:
                                     stdout=subprocess.PIPE, text=True,
                                     env={**os.environ, **threads})
 
-  def seconds_per_step(self, config, rows: int, length: int, steps: int) -> float:
+  def seconds_per_step(self, config, rows: int, length: int, steps: int, variant: str) -> float:
+    """Seconds per step of the peer `variant` (eager or compile) in our config's dtype."""
     m = config.model
     request = {"model": {"vocab_size": m.vocab_size, "d_model": m.d_model, "d_ff": m.d_ff,
                          "num_heads": m.num_heads, "num_layers": m.num_layers,
                          "dropout_rate": m.dropout_rate},
                "label_smoothing": config.label_smoothing, "rows": rows, "length": length,
-               "steps": steps}
+               "steps": steps, "compile": variant == "compile"}
+    if m.dtype == "bfloat16":
+      request["autocast"] = "bfloat16"
     self.process.stdin.write(json.dumps(request) + "\n")
     self.process.stdin.flush()
     answer = self.process.stdout.readline()
     if not answer:
       raise RuntimeError(f"{PEER} exited with status {self.process.wait()}")
     answer = json.loads(answer)
-    self.threads = answer["threads"]
+    self.threads, self.warmup_seconds = answer["threads"], answer["warmup_seconds"]
     return answer["seconds_per_step"]
 
   def close(self) -> None:
@@ -212,24 +235,33 @@ class Peer:
     self.process.wait()
 
 
-def compare_with_peer(size: str, peak: float, peer: Peer) -> None:
-  """Prints one line: both sides' tokens/s, the ratio (median of pairs) and our MFU."""
+def compare_with_peer(size: str, peak: float, peer: Peer, dtype: str = "float32") -> None:
+  """Prints one line per peer: both sides' tokens/s, the ratio (median of pairs), the peer's
+  compile time, and our MFU. Ours and every peer are timed in turn within each pair."""
   config, (batch, length) = size_config(size)
+  config.model.dtype = dtype
   ours = OurStep(config, batch, length)
-  pairs, peaks = [], [peak]
+  warmup = {}
+  for variant in FLAGS.peers:  # builds (and compiles) each peer before the timed pairs
+    peer.seconds_per_step(config, batch, length, 1, variant)
+    warmup[variant] = peer.warmup_seconds
+  ours_s, peers_s, peaks = [], {variant: [] for variant in FLAGS.peers}, [peak]
   for _ in range(FLAGS.pairs):
     peaks.append(matmul_peak_gflops())  # the peak moves with the machine's load, as we do
-    pairs.append((ours.seconds_per_step(FLAGS.steps),
-                  peer.seconds_per_step(config, batch, length, FLAGS.steps)))
+    ours_s.append(ours.seconds_per_step(FLAGS.steps))
+    for variant in FLAGS.peers:
+      peers_s[variant].append(peer.seconds_per_step(config, batch, length, FLAGS.steps, variant))
   tokens = real_tokens(batch, length)
-  ours_s = statistics.median(o for o, _ in pairs)
-  peer_s = statistics.median(p for _, p in pairs)
-  mfu = ours.flops_per_step() / ours_s / 1e9 / statistics.median(peaks)
-  print(f"{size} ({config.name}, {batch}x{length}, {ours.steps_per_call} step(s) per call): "
-        f"ours {tokens / ours_s:.0f} tokens/s, torch ({peer.threads} threads) "
-        f"{tokens / peer_s:.0f} tokens/s, ours/torch "
-        f"{statistics.median(p / o for o, p in pairs):.2f} (median of {len(pairs)} pairs; "
-        f"per pair {' '.join(f'{p / o:.2f}' for o, p in pairs)}), our MFU {mfu:.2f}", flush=True)
+  mfu = ours.flops_per_step() / statistics.median(ours_s) / 1e9 / statistics.median(peaks)
+  for variant, times in peers_s.items():
+    ratios = [p / o for o, p in zip(ours_s, times)]
+    print(f"{size} ({config.name}, {batch}x{length}, {dtype}, {ours.steps_per_call} step(s) per "
+          f"call): ours {tokens / statistics.median(ours_s):.0f} tokens/s, torch {variant} "
+          f"({peer.threads} threads{', autocast bf16' if dtype == 'bfloat16' else ''}) "
+          f"{tokens / statistics.median(times):.0f} tokens/s (warm-up incl. compile "
+          f"{warmup[variant]:.1f} s), ours/torch {variant} {statistics.median(ratios):.2f} "
+          f"(median of {len(ratios)} pairs; per pair {' '.join(f'{r:.2f}' for r in ratios)}), "
+          f"our MFU {mfu:.2f}", flush=True)
 
 
 def scaling_rows(config, peak: float, base_batch: int, base_length: int) -> list[dict]:
@@ -251,8 +283,8 @@ def scaling_rows(config, peak: float, base_batch: int, base_length: int) -> list
 def main(argv):
   del argv
   peak = matmul_peak_gflops()
-  print(f"machine: {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.devices()[0].platform}, "
-        f"f32 matmul peak {peak:.1f} GFLOP/s (2048^3, best of 10)")
+  print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, jax {jax.__version__} on "
+        f"{jax.devices()[0].platform}, f32 matmul peak {peak:.1f} GFLOP/s (2048^3, best of 10)")
   if not FLAGS.sizes:
     config = FLAGS.config
     batch = FLAGS.batch or config.tokens_per_batch // FLAGS.length
@@ -275,6 +307,9 @@ def main(argv):
   try:
     for size in FLAGS.sizes:
       compare_with_peer(size, peak, peer)
+    if FLAGS.bf16:
+      for size in FLAGS.sizes:
+        compare_with_peer(size, peak, peer, dtype="bfloat16")
   finally:
     peer.close()
   if FLAGS.scaling:
@@ -286,4 +321,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from aiayn_flax import huge_pages
+  huge_pages.restart_with_huge_pages()  # XLA:CPU's buffers on huge pages: fewer page faults
   app.run(main)

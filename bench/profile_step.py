@@ -1,0 +1,174 @@
+"""Where one training step spends its time, op by op: ours (XLA:CPU thunks) and the PyTorch peer's.
+
+  python bench/profile_step.py --size=base          # also quickstart
+  python bench/profile_step.py --size=base --torch_python=.bench_venv/bin/python
+  python bench/profile_step.py --size=base --top=30 # the 30 costliest ops by name
+
+--steps (traced steps, rounded up to whole calls) and --torch_python are bench/train_speed.py's
+flags.
+
+Ours: the step of bench/train_speed.py (same config, batch shape, synthetic batches and
+steps per call) is compiled, warmed up, then run for --steps steps under `jax.profiler.trace`.
+XLA:CPU records one event per thunk (a fusion, a dot, a copy...), named as the optimized HLO
+names its instruction; each name is put in a category by reading that HLO: matmuls by backend
+(YNNPACK fusions, oneDNN custom calls, XLA's own dot emitter / Eigen), the output layer's
+softmax and loss, scatters and gathers, copies and transposes, other fusions, the optimizer's
+update (instructions whose source is optax), control flow. Page faults and kernel time per step
+come from getrusage over the same steps, untraced.
+
+The peer (--torch_python): bench/torch_peer.py's step under torch.profiler, its self CPU time
+by operator.
+
+Times are per step and add up to the traced thunks' time; thunks run on two threads at once
+at places, so the sum can exceed the wall time a little.
+"""
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import jax  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from bench import train_speed  # noqa: E402
+
+flags.DEFINE_string("size", "base", "quickstart or base (bench/train_speed.py's sizes).")
+flags.DEFINE_integer("top", 12, "Also list the costliest ops by name.")
+FLAGS = flags.FLAGS
+
+# Thunk-level events of the runtime itself, not of an HLO instruction.
+_RUNTIME_EVENTS = re.compile(r"^(ThunkExecutor|SlinkyThreadPool|\$|PjRt|XlaModule|Thunk)")
+
+
+def hlo_instructions(hlo_text: str) -> dict[str, str]:
+  """Instruction name -> its line, for every instruction of the optimized module, and the
+  computation each fusion calls -> its lines (under the key 'computation:NAME')."""
+  lines, computation, body = {}, None, []
+  for line in hlo_text.splitlines():
+    header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+    if header:
+      computation, body = header.group(1), []
+      continue
+    if line.startswith("}") and computation:
+      lines["computation:" + computation] = "\n".join(body)
+      computation = None
+      continue
+    match = re.match(r"^\s+(?:ROOT )?%?([\w.\-]+) = ", line)
+    if match:
+      lines[match.group(1)] = line
+      body.append(line)
+  return lines
+
+
+def category(name: str, lines: dict[str, str]) -> str:
+  """What an instruction is, by its HLO: the categories of the profile's table."""
+  line = lines.get(name, "")
+  called = re.search(r"calls=%?([\w.\-]+)", line)
+  inside = lines.get("computation:" + called.group(1), "") if called else ""
+  source = re.search(r'op_name="([^"]*)"', line)
+  source = source.group(1) if source else ""
+  if "optax" in line or "/adam" in source or "apply_gradients" in source or "update" in source:
+    return "optimizer update"
+  if "__ynn_fusion" in line or name.startswith("ynn_fusion"):
+    return "matmul: YNNPACK"
+  if "onednn" in line.lower():
+    return "matmul: oneDNN"
+  if re.search(r"\bdot\(", line) or name.startswith("dot"):
+    return "matmul: XLA dot (Eigen)"
+  if "scatter" in name or " scatter(" in inside or " scatter(" in line:
+    return "scatter"
+  if "gather" in name or " gather(" in inside or " gather(" in line:
+    return "gather"
+  if "attend" in source or "37000" in line or "log_softmax" in source or "logsumexp" in source:
+    return "output layer: softmax and loss (elementwise)"
+  if re.search(r"\b(copy|transpose)\(", line) or name.startswith(("copy", "transpose")):
+    return "copies and transposes"
+  if re.search(r"\b(while|conditional|call)\(", line) or name.startswith(("while", "cond")):
+    return "control flow (while, cond)"
+  if " transpose(" in inside or " copy(" in inside:
+    return "fusions with a transpose or copy"
+  if " reduce(" in inside or " reduce(" in line:
+    return "fusions with a reduction (layer norm, softmax, sums)"
+  return "other elementwise fusions"
+
+
+def trace_ours(size: str, steps: int):
+  """(seconds per step, {thunk name: seconds per step}, HLO lines, page faults and kernel
+  seconds per step) of our step at `size`."""
+  config, (batch, length) = train_speed.size_config(size)
+  ours = train_speed.OurStep(config, batch, length)
+  steps = ours.in_whole_calls(steps)
+  before = resource.getrusage(resource.RUSAGE_SELF)
+  seconds = ours.seconds_per_step(steps)
+  after = resource.getrusage(resource.RUSAGE_SELF)
+  faults = (after.ru_minflt - before.ru_minflt) / steps
+  kernel = (after.ru_stime - before.ru_stime) / steps
+  with tempfile.TemporaryDirectory() as folder:
+    with jax.profiler.trace(folder, create_perfetto_trace=True):
+      ours.seconds_per_step(steps)
+    trace = json.load(gzip.open(glob.glob(os.path.join(folder, "**", "*.json.gz"),
+                                          recursive=True)[0]))
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  per_name = collections.Counter()
+  for event in events:
+    if event.get("ph") == "X" and not _RUNTIME_EVENTS.match(event["name"]):
+      per_name[event["name"]] += event["dur"] / 1e6 / steps
+  hlo = ours.calls[0].func.lower(ours.state, rng=ours.key, **ours.calls[0].keywords
+                                 ).compile().as_text()
+  return seconds, per_name, hlo_instructions(hlo), faults, kernel
+
+
+def profile_peer(python: str, config, batch: int, length: int) -> str:
+  """bench/torch_peer.py's step under torch.profiler: its table of self CPU time by op."""
+  m = config.model
+  request = {"model": {"vocab_size": m.vocab_size, "d_model": m.d_model, "d_ff": m.d_ff,
+                       "num_heads": m.num_heads, "num_layers": m.num_layers,
+                       "dropout_rate": m.dropout_rate},
+             "label_smoothing": config.label_smoothing, "rows": batch, "length": length,
+             "steps": FLAGS.steps, "profile": True}
+  answer = subprocess.run([python, train_speed.PEER], input=json.dumps(request) + "\n",
+                          capture_output=True, text=True, check=True).stdout
+  return json.loads(answer)["profile"]
+
+
+def main(argv):
+  del argv
+  print(f"machine: {train_speed.cpu_model()}, {os.cpu_count()} CPUs, jax {jax.__version__}")
+  seconds, per_name, lines, faults, kernel = trace_ours(FLAGS.size, FLAGS.steps)
+  per_category = collections.Counter()
+  for name, time in per_name.items():
+    per_category[category(name, lines)] += time
+  traced = sum(per_category.values())
+  print(f"\nours, {FLAGS.size}: {seconds * 1000:.0f} ms per step (untraced), {faults:.0f} page "
+        f"faults and {kernel:.2f} s of kernel time per step; traced thunks "
+        f"{traced * 1000:.0f} ms per step\n")
+  print("| category | ms per step | share |\n|---|---:|---:|")
+  for name, time in per_category.most_common():
+    print(f"| {name} | {time * 1000:.0f} | {time / traced:.1%} |")
+  if FLAGS.top:
+    print(f"\nthe {FLAGS.top} costliest ops:\n| op | category | ms per step | source |\n"
+          "|---|---|---:|---|")
+    for name, time in per_name.most_common(FLAGS.top):
+      source = re.search(r'op_name="([^"]*)"', lines.get(name, ""))
+      print(f"| {name} | {category(name, lines)} | {time * 1000:.1f} | "
+            f"{source.group(1)[-70:] if source else ''} |")
+  if FLAGS.torch_python:
+    config, (batch, length) = train_speed.size_config(FLAGS.size)
+    print(f"\nPyTorch eager, {FLAGS.size}, self CPU time over {FLAGS.steps} steps:\n")
+    print(profile_peer(FLAGS.torch_python, config, batch, length))
+
+
+if __name__ == "__main__":
+  from aiayn_flax import huge_pages
+  huge_pages.restart_with_huge_pages()  # as train.py runs
+  flags.FLAGS.set_default("torch_python", "")  # the peer's profile only when asked for
+  app.run(main)

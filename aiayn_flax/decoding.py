@@ -152,6 +152,57 @@ def top_k_by_chunks(x: jax.Array, k: int, chunk: int = 64) -> tuple[jax.Array, j
   return values, indices
 
 
+def best_extensions(logits, alive_log_probs, must_end, eos_id: int, k: int, chunk: int = 64
+                    ) -> tuple[jax.Array, jax.Array]:
+  """The best k one-token extensions of each alive hypothesis, best first: the same values and
+  token indices as `top_k_by_chunks(candidates, k, chunk)` of the plain computation
+
+    log_probs = jax.nn.log_softmax(logits)  # [B, K, V]
+    log_probs = jnp.where(must_end & (token != eos_id), -inf, log_probs)
+    candidates = alive_log_probs[:, :, None] + log_probs,
+
+  without writing the [B, K, V] log-probs or candidates. Why the same: a candidate is
+  f(logit) = alive + ((logit - max) - log_sum), each operation monotonic in the logit even as
+  rounded in float32, so a chunk's best candidate is f(the chunk's best logit); only the best
+  k chunks' candidates are computed, with the same operations as the plain way. A row's max
+  is the max of its chunks' maxima (exact), and its log_sum the same expression as
+  log_softmax's. On CPU this saves beam search a slow reduction and two passes over the
+  [B * K, V] logits per step (docs/PERFORMANCE.md)."""
+  # logits: [B, K, V] float32; alive_log_probs: [B, K]; must_end: bool [B, 1, 1]
+  *batch, size = logits.shape
+  num_chunks = -(-size // chunk)
+  padded = jnp.pad(logits, [(0, 0)] * len(batch) + [(0, num_chunks * chunk - size)],
+                   constant_values=NEG_INF)
+  chunks = padded.reshape(*batch, num_chunks, chunk)  # [B, K, C, chunk]
+  chunk_max = jnp.max(chunks, axis=-1)  # [B, K, C]
+  row_max = jnp.max(chunk_max, axis=-1, keepdims=True)  # [B, K, 1]: log_softmax's max
+  log_sum = jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True))  # [B, K, 1]
+  row_max, log_sum = row_max[..., 0], log_sum[..., 0]  # [B, K]
+
+  def candidate(x):  # the candidates of logits x [B, K, ...], as the plain way computes them
+    per_row = lambda y: y.reshape(*y.shape, *[1] * (x.ndim - y.ndim))  # noqa: E731
+    return per_row(alive_log_probs) + ((x - per_row(row_max)) - per_row(log_sum))
+
+  chunk_best = candidate(chunk_max)  # [B, K, C]
+  # At a sentence's last allowed step only EOS may follow: its chunk's best is EOS, the rest
+  # are empty.
+  eos_best = candidate(logits[..., eos_id])  # [B, K]
+  eos_chunk = jnp.arange(num_chunks) == eos_id // chunk  # [C]
+  chunk_best = jnp.where(must_end, jnp.where(eos_chunk, eos_best[..., None], NEG_INF),
+                         chunk_best)
+  if num_chunks <= k:
+    best_chunks = jnp.broadcast_to(jnp.arange(num_chunks), chunk_best.shape)
+  else:
+    _, best_chunks = lax.top_k(chunk_best, k)  # [B, K, k]
+    best_chunks = jnp.sort(best_chunks, axis=-1)  # in the logits' order
+  picked = jnp.take_along_axis(chunks, best_chunks[..., None], axis=-2)  # [B, K, k', chunk]
+  values = candidate(picked)  # [B, K, k', chunk]
+  tokens = best_chunks[..., None] * chunk + jnp.arange(chunk)  # [B, K, k', chunk]
+  values = jnp.where(must_end[..., None] & (tokens != eos_id), NEG_INF, values)
+  values, picks = lax.top_k(values.reshape(*batch, -1), k)  # [B, K, k]
+  return values, jnp.take_along_axis(tokens.reshape(*batch, -1), picks, axis=-1)
+
+
 def _constrained(log_probs, constrain_log_probs, sequences, step, must_end, eos_id):
   """constrain_log_probs(log_probs [B, K, V], sequences, step), but EOS keeps the model's
   log-prob where must_end [B, 1, 1]; without constrain_log_probs, log_probs unchanged."""
@@ -334,22 +385,24 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
     vocab_size = logits.shape[-1]
     if vocab_size < 2:
       raise ValueError("beam search needs a vocabulary of at least 2 tokens")
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))  # [B*K, V]
-    log_probs = log_probs.reshape(batch_size, k, vocab_size)  # [B, K, V]
+    logits = logits.astype(jnp.float32).reshape(batch_size, k, vocab_size)  # [B, K, V]
     must_end = (step >= last_steps)[:, None, None]  # [B, 1, 1]
-    log_probs = _constrained(log_probs, constrain_log_probs, state.alive_seqs, step, must_end,
-                             eos_id)  # [B, K, V]
-    # At a sentence's last allowed step, only EOS may follow.
-    is_eos_token = jnp.arange(vocab_size) == eos_id  # [V]
-    log_probs = jnp.where(must_end & ~is_eos_token, NEG_INF, log_probs)  # [B, K, V]
-    candidate_log_probs = state.alive_log_probs[:, :, None] + log_probs  # [B, K, V]
 
     # 2. The best 2K candidates, best first: the best 2K of each hypothesis' extensions, then
     # the best 2K of those (the same set as a top 2K over all K * V; XLA on CPU lowered that
     # one to a full sort of the K * V candidates, 40x slower than the rest of the step).
     per_parent = min(2 * k, vocab_size)  # P
-    per_parent_log_probs, per_parent_tokens = top_k_by_chunks(candidate_log_probs,
-                                                              per_parent)  # [B, K, P]
+    if constrain_log_probs is None:
+      per_parent_log_probs, per_parent_tokens = best_extensions(
+          logits, state.alive_log_probs, must_end, eos_id, per_parent)  # [B, K, P]
+    else:  # the task rewrites the log-probs: computed whole
+      log_probs = _constrained(jax.nn.log_softmax(logits), constrain_log_probs,
+                               state.alive_seqs, step, must_end, eos_id)  # [B, K, V]
+      # At a sentence's last allowed step, only EOS may follow.
+      is_eos_token = jnp.arange(vocab_size) == eos_id  # [V]
+      log_probs = jnp.where(must_end & ~is_eos_token, NEG_INF, log_probs)  # [B, K, V]
+      per_parent_log_probs, per_parent_tokens = top_k_by_chunks(
+          state.alive_log_probs[:, :, None] + log_probs, per_parent)  # [B, K, P]
     top_log_probs, top_index = lax.top_k(
         per_parent_log_probs.reshape(batch_size, k * per_parent), 2 * k)  # [B, 2K]
     top_parents = top_index // per_parent  # [B, 2K]: which alive hypothesis

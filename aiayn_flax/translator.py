@@ -160,7 +160,12 @@ class Translator:
     return [[tuple(result) for result in results]
             for results in self._translate(sentences, 0, nbest, [])]
 
-  def _translate(self, sentences, progress_every, result_of_row, empty_result):
+  def batch_shapes(self, sentences: list[str]) -> set[tuple[int, int]]:
+    """The padded input shapes (rows, length) that translating `sentences` decodes."""
+    return {inputs.shape for _, inputs in self._batches(*self._sorted_source_ids(sentences))}
+
+  def _sorted_source_ids(self, sentences):
+    """(indices of the non-empty sentences, shortest first; every sentence's source ids)."""
     encoded = self.vocab.encode_batch([s.strip() for s in sentences])
     source_ids = [ids + [vocabulary.EOS_ID] if ids else [] for ids in encoded]
     if self.max_positions:
@@ -169,6 +174,10 @@ class Translator:
         raise ValueError(f"{too_long} sentences are too long for the model's {self.max_positions} "
                          "learned positions (input + decode_extra_length)")
     order = sorted((i for i, ids in enumerate(source_ids) if ids), key=lambda i: len(source_ids[i]))
+    return order, source_ids
+
+  def _translate(self, sentences, progress_every, result_of_row, empty_result):
+    order, source_ids = self._sorted_source_ids(sentences)
     # Every process builds the same batches from the same list and places its devices' rows;
     # each batch is decoded by all the devices together and read whole by every process.
     rows_sharding = sharding.batch_sharding(self.mesh)

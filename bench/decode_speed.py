@@ -18,6 +18,7 @@ host's cores, so on CPU this measures what splitting a batch costs or saves, not
 accelerators would gain.
 """
 import os
+import re
 import statistics
 import sys
 import time
@@ -39,6 +40,9 @@ flags.DEFINE_list("batch_sizes", ["64"], "Decoding batch sizes to time.")
 flags.DEFINE_list("testsets", ["multi30k/test2016", "wmt14"], "Test sets (evaluate.py names).")
 flags.DEFINE_integer("max_sentences", 0, "Use only the first N sentences of each set (0: all).")
 flags.DEFINE_integer("repeats", 3, "Timed pairs of passes (greedy, beam 4) per batch size.")
+flags.DEFINE_bool("profile", False, "Instead of timing: trace one pass of greedy and one of "
+                  "beam 4 (jax.profiler) and print where each spends its time, by op category "
+                  "(bench/profile_step.py's), with the decoding steps each ran.")
 flags.DEFINE_integer("devices", 1, "Above 1: also time decoding over this many devices against "
                      "one (simulated CPU devices when there are no accelerators).")
 FLAGS = flags.FLAGS
@@ -77,6 +81,37 @@ def compare_devices(config, model, params, vocab, sources, batch_size) -> None:
           f"(median of {' '.join(f'{r:.2f}' for r in ratios)}), the same translations")
 
 
+def profile_passes(translators, sources) -> None:
+  """Where a pass of each search spends its time, by op category, and its decoding steps (the
+  calls of the output layer's matmul, one per step)."""
+  import jax.numpy as jnp
+
+  from bench import profile_step
+  for beam_size, translator in translators.items():
+    shapes = translator.batch_shapes(sources)
+    lines = {}
+    for shape in shapes:  # every compiled program's instruction names
+      hlo = translator._decode.lower(translator.params, jnp.zeros(shape, jnp.int32)  # noqa: SLF001
+                                     ).compile().as_text()
+      lines.update(profile_step.hlo_instructions(hlo))
+    start = time.perf_counter()
+    seconds, counts = profile_step.thunk_seconds(lambda t=translator: t.translate(sources))
+    elapsed = time.perf_counter() - start
+    steps = max((count for name, count in counts.items() if "attend" in lines.get(name, "")),
+                default=0)
+    per_category = profile_step.by_category(seconds, lines)
+    print(f"\nbeam {beam_size}: {len(sources)} sentences, {elapsed:.2f} s traced, {steps} "
+          f"decoding steps over {len(shapes)} batch shape(s), traced thunks "
+          f"{sum(per_category.values()):.2f} s\n| category | s per pass | share |\n|---|---:|---:|")
+    for name, time_ in per_category.most_common():
+      print(f"| {name} | {time_:.3f} | {time_ / sum(per_category.values()):.1%} |")
+    print("\n| op | s per pass | calls | source |\n|---|---:|---:|---|")
+    for name, time_ in seconds.most_common(15):
+      source = re.search(r'op_name="([^"]*)"', lines.get(name, ""))
+      print(f"| {name} | {time_:.3f} | {counts[name]} | "
+            f"{source.group(1)[-60:] if source else ''} |")
+
+
 def main(argv):
   del argv
   import jax
@@ -104,6 +139,9 @@ def main(argv):
           for beam_size in BEAM_SIZES}
       outputs = {beam_size: translator.translate(sources)  # compiles every shape
                  for beam_size, translator in translators.items()}
+      if FLAGS.profile:
+        profile_passes(translators, sources)
+        continue
       seconds = {beam_size: [] for beam_size in BEAM_SIZES}
       for _ in range(FLAGS.repeats):
         for beam_size, translator in translators.items():

@@ -79,7 +79,7 @@ def category(name: str, lines: dict[str, str]) -> str:
   if "optax" in line or "/adam" in source or "apply_gradients" in source or "update" in source:
     return "optimizer update"
   if "__ynn_fusion" in line or name.startswith("ynn_fusion"):
-    return "matmul: YNNPACK"
+    return "YNNPACK fusions (matmuls; some reductions)"
   if "onednn" in line.lower():
     return "matmul: oneDNN"
   if re.search(r"\bdot\(", line) or name.startswith("dot"):
@@ -101,6 +101,29 @@ def category(name: str, lines: dict[str, str]) -> str:
   return "other elementwise fusions"
 
 
+def thunk_seconds(run) -> tuple[collections.Counter, collections.Counter]:
+  """Runs `run()` under jax.profiler.trace: seconds and event counts per XLA:CPU thunk name."""
+  with tempfile.TemporaryDirectory() as folder:
+    with jax.profiler.trace(folder, create_perfetto_trace=True):
+      run()
+    trace = json.load(gzip.open(glob.glob(os.path.join(folder, "**", "*.json.gz"),
+                                          recursive=True)[0]))
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  seconds, counts = collections.Counter(), collections.Counter()
+  for event in events:
+    if event.get("ph") == "X" and not _RUNTIME_EVENTS.match(event["name"]):
+      seconds[event["name"]] += event["dur"] / 1e6
+      counts[event["name"]] += 1
+  return seconds, counts
+
+
+def by_category(seconds: collections.Counter, lines: dict[str, str]) -> collections.Counter:
+  per_category = collections.Counter()
+  for name, time in seconds.items():
+    per_category[category(name, lines)] += time
+  return per_category
+
+
 def trace_ours(size: str, steps: int):
   """(seconds per step, {thunk name: seconds per step}, HLO lines, page faults and kernel
   seconds per step) of our step at `size`."""
@@ -112,16 +135,8 @@ def trace_ours(size: str, steps: int):
   after = resource.getrusage(resource.RUSAGE_SELF)
   faults = (after.ru_minflt - before.ru_minflt) / steps
   kernel = (after.ru_stime - before.ru_stime) / steps
-  with tempfile.TemporaryDirectory() as folder:
-    with jax.profiler.trace(folder, create_perfetto_trace=True):
-      ours.seconds_per_step(steps)
-    trace = json.load(gzip.open(glob.glob(os.path.join(folder, "**", "*.json.gz"),
-                                          recursive=True)[0]))
-  events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  per_name = collections.Counter()
-  for event in events:
-    if event.get("ph") == "X" and not _RUNTIME_EVENTS.match(event["name"]):
-      per_name[event["name"]] += event["dur"] / 1e6 / steps
+  per_name, _ = thunk_seconds(lambda: ours.seconds_per_step(steps))
+  per_name = collections.Counter({name: time / steps for name, time in per_name.items()})
   hlo = ours.calls[0].func.lower(ours.state, rng=ours.key, **ours.calls[0].keywords
                                  ).compile().as_text()
   return seconds, per_name, hlo_instructions(hlo), faults, kernel
@@ -144,9 +159,7 @@ def main(argv):
   del argv
   print(f"machine: {train_speed.cpu_model()}, {os.cpu_count()} CPUs, jax {jax.__version__}")
   seconds, per_name, lines, faults, kernel = trace_ours(FLAGS.size, FLAGS.steps)
-  per_category = collections.Counter()
-  for name, time in per_name.items():
-    per_category[category(name, lines)] += time
+  per_category = by_category(per_name, lines)
   traced = sum(per_category.values())
   print(f"\nours, {FLAGS.size}: {seconds * 1000:.0f} ms per step (untraced), {faults:.0f} page "
         f"faults and {kernel:.2f} s of kernel time per step; traced thunks "

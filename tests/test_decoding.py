@@ -431,6 +431,37 @@ def test_top_k_by_chunks_equals_top_k_with_its_tie_breaking(size, k, chunk):
   np.testing.assert_array_equal(indices, expected_indices)
 
 
+def plain_best_extensions(logits, alive_log_probs, must_end, eos_id, k, chunk):
+  """Beam search's step 2 as written before best_extensions: log-probs and candidates whole."""
+  log_probs = jax.nn.log_softmax(logits)
+  log_probs = jnp.where(must_end & (jnp.arange(logits.shape[-1]) != eos_id), -jnp.inf, log_probs)
+  return decoding.top_k_by_chunks(alive_log_probs[:, :, None] + log_probs, k, chunk)
+
+
+@pytest.mark.parametrize("size, k, chunk, eos_id", [(8000, 8, 64, 1), (1000, 8, 64, 999),
+                                                    (300, 5, 7, 150), (9, 2, 4, 1),
+                                                    (20, 6, 4, 7)])
+def test_best_extensions_equal_the_plain_computation(size, k, chunk, eos_id):
+  """The same values (to the bit) and tokens, ties included, with empty and ending beams."""
+  rng = np.random.default_rng(size)
+  rows = [
+      rng.normal(size=size) * 8,
+      rng.integers(0, 4, size).astype(float),  # many ties
+      np.where(np.arange(size) == size - 1, 5.0, rng.normal(size=size)),  # the best is last
+      rng.normal(size=size),
+  ]
+  logits = jnp.asarray(np.stack(rows * 3).reshape(3, 4, size), jnp.float32)  # [B=3, K=4, V]
+  alive = jnp.asarray([[0.0, -1.5, -1.5, -np.inf], [-3.25, -np.inf, -np.inf, -np.inf],
+                       [-0.5, -0.75, -2.0, -7.0]], jnp.float32)
+  must_end = jnp.asarray([False, False, True])[:, None, None]  # sentence 2: only EOS may follow
+  values, tokens = jax.jit(decoding.best_extensions, static_argnums=(3, 4, 5))(
+      logits, alive, must_end, eos_id, k, chunk)
+  expected_values, expected_tokens = plain_best_extensions(logits, alive, must_end, eos_id, k,
+                                                           chunk)
+  np.testing.assert_array_equal(values, expected_values)
+  np.testing.assert_array_equal(tokens, expected_tokens)
+
+
 # --------------------------------------------------------------------------------------------
 # Cache helpers
 

@@ -203,6 +203,21 @@ def best_extensions(logits, alive_log_probs, must_end, eos_id: int, k: int, chun
   return values, jnp.take_along_axis(tokens.reshape(*batch, -1), picks, axis=-1)
 
 
+def argmax_by_chunks(x: jax.Array, chunk: int = 64) -> jax.Array:
+  """jnp.argmax(x, axis=-1) (the first index of the maximum), computed as the first chunk of
+  `chunk` elements that holds the maximum, then the first maximum in it. XLA:CPU's argmax (a
+  reduction over (value, index) pairs) took 3.5 ms for greedy search's 64 x 8000 logits, a
+  quarter of a decoding step; a max per chunk is a fast vectorised pass."""
+  *batch, size = x.shape
+  num_chunks = -(-size // chunk)
+  padded = jnp.pad(x, [(0, 0)] * len(batch) + [(0, num_chunks * chunk - size)],
+                   constant_values=NEG_INF)  # padding comes last, so loses every tie
+  chunks = padded.reshape(*batch, num_chunks, chunk)  # [..., C, chunk]
+  best_chunk = jnp.argmax(jnp.max(chunks, axis=-1), axis=-1)  # [...]
+  picked = jnp.take_along_axis(chunks, best_chunk[..., None, None], axis=-2)[..., 0, :]
+  return best_chunk * chunk + jnp.argmax(picked, axis=-1)
+
+
 def _constrained(log_probs, constrain_log_probs, sequences, step, must_end, eos_id):
   """constrain_log_probs(log_probs [B, K, V], sequences, step), but EOS keeps the model's
   log-prob where must_end [B, 1, 1]; without constrain_log_probs, log_probs unchanged."""
@@ -263,7 +278,7 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: j
       logits = _constrained(jax.nn.log_softmax(logits.astype(jnp.float32))[:, None],
                             constrain_log_probs, state.sequences[:, None], state.step,
                             must_end, eos_id)[:, 0]  # [B, V]
-    next_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B]
+    next_ids = argmax_by_chunks(logits).astype(jnp.int32)  # [B]
     next_ids = jnp.where(state.step >= last_steps, eos_id, next_ids)  # [B]: forced EOS
     next_ids = jnp.where(state.finished, PAD_ID, next_ids)  # [B]: nothing after EOS
     sequences = lax.dynamic_update_index_in_dim(

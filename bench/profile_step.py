@@ -13,8 +13,9 @@ XLA:CPU records one event per thunk (a fusion, a dot, a copy...), named as the o
 names its instruction; each name is put in a category by reading that HLO: matmuls by backend
 (YNNPACK fusions, oneDNN custom calls, XLA's own dot emitter / Eigen), the output layer's
 softmax and loss, scatters and gathers, copies and transposes, other fusions, the optimizer's
-update (instructions whose source is optax), control flow. Page faults and kernel time per step
-come from getrusage over the same steps, untraced.
+update (instructions whose source is optax). Control flow (while, cond) is left out: its events
+span the thunks it runs, which are counted. Page faults and kernel time per step come from
+getrusage over the same steps, untraced.
 
 The peer (--torch_python): bench/torch_peer.py's step under torch.profiler, its self CPU time
 by operator.
@@ -45,8 +46,10 @@ flags.DEFINE_string("size", "base", "quickstart or base (bench/train_speed.py's 
 flags.DEFINE_integer("top", 12, "Also list the costliest ops by name.")
 FLAGS = flags.FLAGS
 
-# Thunk-level events of the runtime itself, not of an HLO instruction.
-_RUNTIME_EVENTS = re.compile(r"^(ThunkExecutor|SlinkyThreadPool|\$|PjRt|XlaModule|Thunk)")
+# Events of the runtime itself, not of an HLO instruction; and of control flow, whose events
+# span the thunks they run (traced on their own): counted, they would count those twice.
+_RUNTIME_EVENTS = re.compile(r"^(ThunkExecutor|SlinkyThreadPool|\$|PjRt|XlaModule|Thunk|"
+                             r"CommonPjRt|PjitFunction|while|cond|conditional|call)")
 
 
 def hlo_instructions(hlo_text: str) -> dict[str, str]:
@@ -76,7 +79,7 @@ def category(name: str, lines: dict[str, str]) -> str:
   inside = lines.get("computation:" + called.group(1), "") if called else ""
   source = re.search(r'op_name="([^"]*)"', line)
   source = source.group(1) if source else ""
-  if "optax" in line or "/adam" in source or "apply_gradients" in source or "update" in source:
+  if "optax" in source or "adam" in source or "apply_gradients" in source:
     return "optimizer update"
   if "__ynn_fusion" in line or name.startswith("ynn_fusion"):
     return "YNNPACK fusions (matmuls; some reductions)"
@@ -92,8 +95,8 @@ def category(name: str, lines: dict[str, str]) -> str:
     return "output layer: softmax and loss (elementwise)"
   if re.search(r"\b(copy|transpose)\(", line) or name.startswith(("copy", "transpose")):
     return "copies and transposes"
-  if re.search(r"\b(while|conditional|call)\(", line) or name.startswith(("while", "cond")):
-    return "control flow (while, cond)"
+  if re.search(r"\b(pad|dynamic-update-slice)\(", line) or "wrapped_pad" in name:
+    return "pads and slice updates"
   if " transpose(" in inside or " copy(" in inside:
     return "fusions with a transpose or copy"
   if " reduce(" in inside or " reduce(" in line:

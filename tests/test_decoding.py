@@ -431,6 +431,21 @@ def test_top_k_by_chunks_equals_top_k_with_its_tie_breaking(size, k, chunk):
   np.testing.assert_array_equal(indices, expected_indices)
 
 
+@pytest.mark.parametrize("size, chunk", [(8000, 64), (1000, 64), (300, 7), (9, 4), (3, 4)])
+def test_argmax_by_chunks_equals_argmax(size, chunk):
+  """The first index of the maximum, ties and -inf included."""
+  rng = np.random.default_rng(size)
+  rows = [
+      rng.normal(size=size),
+      rng.integers(0, 3, size).astype(float),  # ties: the first maximum
+      np.full(size, -np.inf),
+      np.where(np.arange(size) == size - 1, 1.0, 0.0),  # the best is last
+  ]
+  x = jnp.asarray(np.stack(rows), jnp.float32)
+  np.testing.assert_array_equal(jax.jit(decoding.argmax_by_chunks, static_argnums=1)(x, chunk),
+                                jnp.argmax(x, axis=-1))
+
+
 def plain_best_extensions(logits, alive_log_probs, must_end, eos_id, k, chunk):
   """Beam search's step 2 as written before best_extensions: log-probs and candidates whole."""
   log_probs = jax.nn.log_softmax(logits)

@@ -1,6 +1,7 @@
-"""Training speed: our step against the PyTorch peer, MFU, and how throughput scales.
+"""Training speed: our step against the PyTorch peers, MFU, and how throughput scales.
 
   python bench/train_speed.py --torch_python=.bench_venv/bin/python   # both sizes, 3 pairs
+  python bench/train_speed.py --torch_python=... --bf16     # and bf16 rows (AVX512-BF16, AMX)
   python bench/train_speed.py --torch_python=... --scaling   # and tokens/s as batch/length grow
   python bench/train_speed.py --sizes= --config=configs/multi30k.py --batch=80 --length=32
       (one config's step alone: ms, tokens/s, MFU, page faults and kernel time per step)
@@ -12,14 +13,18 @@ a small batch of the base shape. Both sides train on the same synthetic batches
 (bench/synthetic_batches.py: the last quarter of every row is padding) and tokens/s counts real
 source + target tokens. The peer (bench/torch_peer.py) is one process started once and asked
 for timings over a pipe, built from our config's shapes (d_model, d_ff, heads, layers,
-vocabulary, dropout, label smoothing), so the two sides cannot compare different models. For
-each size our step and the peer's are timed alternately, A B A B ..., so both see the same
-machine load; the ratio is the median over pairs of peer time / our time. Our step runs as the
-trainer runs it, `steps_per_call` steps per compiled call (4 for the quick start, 1 for base),
-so a timing covers whole calls; the peer steps one batch at a time, as PyTorch trains.
-MFU is the model's analytic training FLOPs (aiayn_flax/flops.py) per second over an f32 matmul
-peak measured in this process (the median of the peaks measured at the start and before each
-pair: it moves with the machine's load).
+vocabulary, dropout, label smoothing), so the two sides cannot compare different models. Two
+peers by default (--peers): PyTorch eager, and the same model and loss through torch.compile
+(inductor), whose compile time is printed apart. For each size our step and the peers' are
+timed in turn, A B C A B C ..., so all see the same machine load; each ratio is the median
+over rounds of peer time / our time. The first line names the CPU model and its bf16 units.
+Our step runs as the trainer runs it, `steps_per_call` steps per compiled call (4 for the quick
+start, 1 for base), so a timing covers whole calls; the peer steps one batch at a time, as
+PyTorch trains. Like train.py, the bench restarts itself with malloc on transparent huge pages
+where it can (aiayn_flax/huge_pages.py; AIAYN_HUGE_PAGES=0 turns it off), and the peer
+inherits that environment. MFU is the model's analytic training FLOPs (aiayn_flax/flops.py)
+per second over an f32 matmul peak measured in this process (the median of the peaks measured
+at the start and before each round: it moves with the machine's load).
 
 The peer needs torch, which is not a project dependency: see bench/torch_peer.py for the
 install (a venv of its own, the CPU build), then pass --torch_python=PATH of its interpreter.

@@ -19,12 +19,13 @@ peers by default (--peers): PyTorch eager, and the same model and loss through t
 timed in turn, A B C A B C ..., so all see the same machine load; each ratio is the median
 over rounds of peer time / our time. The first line names the CPU model and its bf16 units.
 Our step runs as the trainer runs it, `steps_per_call` steps per compiled call (4 for the quick
-start, 1 for base), so a timing covers whole calls; the peer steps one batch at a time, as
-PyTorch trains. Like train.py, the bench restarts itself with malloc on transparent huge pages
-where it can (aiayn_flax/huge_pages.py; AIAYN_HUGE_PAGES=0 turns it off), and the peer
-inherits that environment. MFU is the model's analytic training FLOPs (aiayn_flax/flops.py)
-per second over an f32 matmul peak measured in this process (the median of the peaks measured
-at the start and before each round: it moves with the machine's load).
+start, 1 for base), so a timing covers whole calls; the peer steps one batch at a time, as PyTorch
+trains. Like train.py, the bench restarts itself with malloc on transparent huge pages where it
+can (aiayn_flax/huge_pages.py; AIAYN_HUGE_PAGES=0 turns it off); the peer runs without that
+setting, as a PyTorch user's script does, unless --peer_huge_pages. MFU is the model's analytic
+training FLOPs (aiayn_flax/flops.py) per second over an f32 matmul peak measured in this process
+(the median of the peaks measured at the start and before each round: it moves with the machine's
+load).
 
 The peer needs torch, which is not a project dependency: see bench/torch_peer.py for the
 install (a venv of its own, the CPU build), then pass --torch_python=PATH of its interpreter.
@@ -47,7 +48,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from aiayn_flax import flops, model, optimizer, train_step, trainer  # noqa: E402
+from aiayn_flax import flops, huge_pages, model, optimizer, train_step, trainer  # noqa: E402
 from bench.synthetic_batches import real_tokens, synthetic_batches  # noqa: E402
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py",
@@ -72,6 +73,10 @@ flags.DEFINE_list("peers", ["eager", "compile"], "PyTorch peers timed beside our
 flags.DEFINE_bool("bf16", False, "Also time bfloat16 compute (--config.model.dtype=bfloat16 "
                   "against the peer under torch.autocast(bfloat16)), as rows of their own; f32 "
                   "stays the matched comparison. Meant for CPUs with AVX512-BF16 or AMX.")
+flags.DEFINE_bool("peer_huge_pages", False, "Give the peer our malloc setting too "
+                  "(GLIBC_TUNABLES=glibc.malloc.hugetlb=1, which train.py sets for itself: "
+                  "aiayn_flax/huge_pages.py). Default: the peer runs as a PyTorch user's script "
+                  "does, without it.")
 flags.DEFINE_integer("torch_threads", 0, "The peer's intra-op threads (0: torch's default, one "
                      "per core). On a machine shared with other jobs, torch's OpenMP threads wait "
                      "for each other at every op, and 1 can be faster than 2.")
@@ -211,10 +216,15 @@ class Peer:
     if not os.path.exists(python):
       raise app.UsageError(f"--torch_python={python}: no such interpreter; install torch as "
                            "bench/torch_peer.py says")
-    threads = {"OMP_NUM_THREADS": str(FLAGS.torch_threads)} if FLAGS.torch_threads else {}
+    environ = dict(os.environ)
+    if FLAGS.torch_threads:
+      environ["OMP_NUM_THREADS"] = str(FLAGS.torch_threads)
+    if not FLAGS.peer_huge_pages:  # what our restart added, and only that
+      tunables = environ.get("GLIBC_TUNABLES", "").split(":")
+      environ["GLIBC_TUNABLES"] = ":".join(t for t in tunables if t != huge_pages.TUNABLE)
+    self.huge_pages = huge_pages.TUNABLE in environ.get("GLIBC_TUNABLES", "")
     self.process = subprocess.Popen([python, PEER], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True,
-                                    env={**os.environ, **threads})
+                                    stdout=subprocess.PIPE, text=True, env=environ)
 
   def seconds_per_step(self, config, rows: int, length: int, steps: int, variant: str) -> float:
     """Seconds per step of the peer `variant` (eager or compile) in our config's dtype."""
@@ -262,7 +272,8 @@ def compare_with_peer(size: str, peak: float, peer: Peer, dtype: str = "float32"
     ratios = [p / o for o, p in zip(ours_s, times)]
     print(f"{size} ({config.name}, {batch}x{length}, {dtype}, {ours.steps_per_call} step(s) per "
           f"call): ours {tokens / statistics.median(ours_s):.0f} tokens/s, torch {variant} "
-          f"({peer.threads} threads{', autocast bf16' if dtype == 'bfloat16' else ''}) "
+          f"({peer.threads} threads{', autocast bf16' if dtype == 'bfloat16' else ''}"
+          f"{', huge pages' if peer.huge_pages else ''}) "
           f"{tokens / statistics.median(times):.0f} tokens/s (warm-up incl. compile "
           f"{warmup[variant]:.1f} s), ours/torch {variant} {statistics.median(ratios):.2f} "
           f"(median of {len(ratios)} pairs; per pair {' '.join(f'{r:.2f}' for r in ratios)}), "
@@ -326,6 +337,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from aiayn_flax import huge_pages
   huge_pages.restart_with_huge_pages()  # XLA:CPU's buffers on huge pages: fewer page faults
   app.run(main)

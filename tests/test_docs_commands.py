@@ -43,6 +43,8 @@ def script_flags(path: pathlib.Path) -> tuple[set[str], bool]:
   source = path.read_text(encoding="utf-8")
   names = set(re.findall(r"flags\.DEFINE_\w+\(\s*\"(\w+)\"", source))
   names |= set(re.findall(r"add_argument\(\s*\"--([\w-]+)\"", source))
+  for module in re.findall(r"^from bench import (\w+)", source, re.MULTILINE):
+    names |= script_flags(REPO / "bench" / f"{module}.py")[0]  # absl flags are process-wide
   return names, "DEFINE_config_file(\"config\"" in source
 
 

@@ -150,9 +150,14 @@ def evaluate_translations(translator, params, sources, references, task) -> dict
   """The task's metrics of greedy-decoded validation sentences: BLEU (sacreBLEU) and exact
   match (the toy task's metric) for translation, EVALB F1 for parsing (aiayn_flax/tasks/).
   The translator places the parameters whole on every device (once, not per batch) and splits
-  each batch's rows over all of them (translator.py)."""
+  each batch's rows over all of them (translator.py); that copy is dropped once they are
+  decoded, so that it does not hold a whole model on every device through training (what FSDP
+  or a `model` axis saved)."""
   translator.params = params
-  return task.validation_metrics(sources, translator.translate(sources), references)
+  try:
+    return task.validation_metrics(sources, translator.translate(sources), references)
+  finally:
+    translator.params = None
 
 
 class InputRows:

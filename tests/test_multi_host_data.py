@@ -303,24 +303,29 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("script", ["translate.py", "evaluate.py"])
 def test_an_input_process_zero_cannot_read_stops_every_process_at_once_naming_it(toy_run,
-                                                                                 tmp_path):
-  """translate.py on 2 processes with a mistyped --input: both stop within a minute, each in
-  one line naming the file, before any model is loaded (not process 0 alone, the other left
-  waiting in a broadcast until JAX's timeouts)."""
+                                                                                 tmp_path,
+                                                                                 script):
+  """translate.py --input, evaluate.py --src_file on 2 processes, the file mistyped: both stop
+  within a minute, each in one line naming the file, before any model is loaded (not process 0
+  alone, the other left waiting in a broadcast until JAX's timeouts)."""
   _, workdir, _ = toy_run
   missing = tmp_path / "tset.en"
+  flags, flag, what = (([f"--input={missing}"], f"--input={missing}",
+                        f"--input={missing}: No such file or directory")
+                       if script == "translate.py" else
+                       ([f"--src_file={missing}", f"--ref_file={missing}"], "--src_file/--ref_file",
+                        f"{missing}: no such file"))
   started = time.time()
-  results = run_processes(["translate.py", f"--workdir={workdir}", f"--input={missing}"], 2, 1,
-                          timeout=120)
+  results = run_processes([script, f"--workdir={workdir}", *flags], 2, 1, timeout=120)
   assert time.time() - started < 60
   for index, (status, output, _) in enumerate(results):
     assert status == 1, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
-    [line] = [line for line in output.splitlines() if line.startswith("translate.py: error")]
-    assert line == "translate.py: error: " + (
-        "" if index == 0 else f"process 0 stopped at --input={missing}: FileNotFoundError: ") + (
-        f"--input={missing}: No such file or directory")
+    [line] = [line for line in output.splitlines() if line.startswith(f"{script}: error")]
+    assert line == f"{script}: error: " + (
+        "" if index == 0 else f"process 0 stopped at {flag}: FileNotFoundError: ") + what
 
 
 def without_gloo_lines(stdout: str) -> str:

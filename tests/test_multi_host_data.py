@@ -425,7 +425,8 @@ def test_of_two_trainers_started_in_the_same_second_on_one_workdir_exactly_one_t
                    rf".* pid {training.pid} ", output, re.M), output[-3000:]
 
 
-def test_a_lease_from_another_host_blocks_until_its_heartbeat_is_stale(tmp_path):
+def test_a_lease_from_another_host_blocks_until_its_heartbeat_is_stale(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir_lease, "SETTLE_SECONDS", 0.1)  # one taker here: no race
   path = tmp_path / workdir_lease.LEASE_FILENAME
   now = time.time()
   other = {"host": "another-host", "pid": os.getpid(), "run": "x", "started": "then",
@@ -457,7 +458,8 @@ def test_a_killed_run_not_yet_reaped_holds_no_lease():
     child.wait()
 
 
-def test_a_lease_in_a_bucket_refuses_a_second_run(emulated_gcs):  # noqa: F811
+def test_a_lease_in_a_bucket_refuses_a_second_run(emulated_gcs, monkeypatch):  # noqa: F811
+  monkeypatch.setattr(workdir_lease, "SETTLE_SECONDS", 0.1)  # one taker at a time: no race
   from etils import epath
   workdir = "gs://bucket/leased"
   lease = workdir_lease.take(workdir)

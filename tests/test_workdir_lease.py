@@ -16,6 +16,13 @@ from aiayn_flax import workdir_lease
 from conftest import REPO
 
 
+@pytest.fixture(autouse=True)
+def quick_settling(monkeypatch):
+  """A lease taken over is read back after SETTLE_SECONDS (2 s): a tenth of a second is ample
+  for these tests' one taker (the race below has its own processes)."""
+  monkeypatch.setattr(workdir_lease, "SETTLE_SECONDS", 0.1)
+
+
 def a_lease(**fields) -> dict:
   """A lease as a run on this host writes it, from this boot, heartbeat fresh."""
   return {"host": socket.gethostname(), "pid": os.getpid(), "run": "earlier", "started": "then",

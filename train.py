@@ -55,7 +55,10 @@ def main(argv):
     from aiayn_flax import tasks
     print(tasks.for_config(config).prepare_data(config))
     return
-  cluster.initialize_distributed()  # a multi-host slice: join the other processes first
+  try:
+    cluster.initialize_distributed()  # a multi-host slice: join the other processes first
+  except cluster.NotJoined as e:  # launched several times, unable to join: no run at all
+    sys.exit(f"train.py: error: {e}")
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required to train")
   refusal = check_backend(config)

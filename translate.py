@@ -80,17 +80,28 @@ def line_batches(stream, name: str, max_lines: int, waits_for_input: bool):
 
 
 def input_batches(source, name: str):
-  """line_batches of the input; on several processes, process 0 reads the whole --input and
-  the others receive its lines (their disks may not hold the file, or hold another one)."""
-  import jax
-  from aiayn_flax import process_zero
-  if jax.process_count() == 1:
-    yield from line_batches(source, name, FLAGS.buffer_size, waits_for_input=not FLAGS.input)
+  """line_batches of the input (a binary stream, or the lines process 0 read: `input_lines`)."""
+  if isinstance(source, list):
+    for start in range(0, len(source), FLAGS.buffer_size):
+      yield source[start:start + FLAGS.buffer_size]
     return
-  lines = process_zero.read_once(f"--input={name}", lambda: [
-      line for batch in line_batches(source, name, FLAGS.buffer_size, False) for line in batch])
-  for start in range(0, len(lines), FLAGS.buffer_size):
-    yield lines[start:start + FLAGS.buffer_size]
+  yield from line_batches(source, name, FLAGS.buffer_size, waits_for_input=not FLAGS.input)
+
+
+def input_lines(path: str) -> list[str]:
+  """Every line of --input, read by process 0 and handed to the others (their disks may not
+  hold the file, or hold another one). A file process 0 cannot read stops every process, in
+  one line naming it, before any model is loaded."""
+  from aiayn_flax import process_zero
+
+  def read():
+    try:
+      with open(path, "rb") as f:
+        return [line for batch in line_batches(f, path, FLAGS.buffer_size, False)
+                for line in batch]
+    except OSError as e:
+      raise FileNotFoundError(f"--input={path}: {e.strerror}") from None
+  return process_zero.read_once(f"--input={path}", read)
 
 
 def one_line(text: str) -> str:
@@ -109,9 +120,11 @@ def main(argv):
     from aiayn_flax import compilation_cache
     from aiayn_flax.translator import Translator
     cluster.initialize_distributed()  # launched on every worker: join the others first
-    if jax.process_count() > 1 and not FLAGS.input:
-      raise ValueError(f"on {jax.process_count()} processes, give --input (a file process 0 "
-                       "reads) and --output, or run on one host for standard input")
+    if jax.process_count() > 1:
+      if not FLAGS.input:
+        raise ValueError(f"on {jax.process_count()} processes, give --input (a file process 0 "
+                         "reads) and --output, or run on one host for standard input")
+      source = input_lines(FLAGS.input)  # first: a missing file stops every process at once
     config = run_dir.load_config(FLAGS.workdir)
     compilation_cache.enable(config, FLAGS.workdir)  # reuse what train.py compiled
     task = tasks.for_config(config)
@@ -125,9 +138,8 @@ def main(argv):
         batch_size=FLAGS.batch_size or config.decode_batch_size, max_tokens=FLAGS.max_tokens,
         max_positions=config.model.max_positions if config.model.positions == "learned" else None,
         num_results=FLAGS.nbest, constraint_for=task.decoding_constraint(vocab))
-    # On several processes only process 0 opens --input (input_batches).
-    source = (open(FLAGS.input, "rb") if jax.process_index() == 0 else None) if FLAGS.input \
-        else sys.stdin.buffer
+    if jax.process_count() == 1:
+      source = open(FLAGS.input, "rb") if FLAGS.input else sys.stdin.buffer
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"translate.py: error: {e}")
   name = FLAGS.input or "<stdin>"

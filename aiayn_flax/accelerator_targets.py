@@ -82,6 +82,7 @@ class Target:
   tpu_topology: tuple = ()  # (topology_name, chip_config_name, chips_per_host_bounds)
   gpu: str = ""  # a key of GPUS
   num_slices: int = 1  # TPU slices of tpu_topology each, joined by the data-center network
+  gpu_hosts: int = 1  # GPU nodes (JAX processes), num_devices // gpu_hosts GPUs each
 
   @property
   def platform(self) -> str:
@@ -89,9 +90,9 @@ class Target:
 
   @property
   def hosts(self) -> int:
-    """Hosts (JAX processes) of the slice(s): one for every GPU target here."""
+    """Hosts (JAX processes) of the slice(s), or GPU nodes."""
     if not self.tpu_topology:
-      return 1
+      return self.gpu_hosts
     return self.num_devices // math.prod(self.tpu_topology[2])
 
 
@@ -110,13 +111,17 @@ TARGETS = {t.name: t for t in [
     _tpu("tpu-v4-32", "tpu_v4", 16, "v4:2x2x4", "megacore", (2, 2, 1)),
     _tpu("tpu-v5e-32", "tpu_v5e", 32, "v5e:4x8", "default", (2, 4, 1)),
     _tpu("tpu-v5p-32", "tpu_v5p", 16, "v5:2x2x4", "megacore", (2, 2, 1)),
-    # Multislice: two v5e-16 slices (4x4 chips on 2 hosts each), 32 chips; the mesh needs
-    # config.dcn_mesh (e.g. data:2) to say which axis crosses the data-center network.
+    # Multislice: two v5e-16 slices (4x4 chips on 2 hosts each), 32 chips; config.dcn_mesh
+    # (default: the data axis) says which axis crosses the data-center network.
     _tpu("tpu-v5e-16x2", "tpu_v5e", 32, "v5e:4x4", "default", (2, 4, 1), num_slices=2),
     *(Target(f"gpu-{gpu}x{n}", gpu, n, gpu=gpu)
       for gpu, counts in [("h100", (1, 8)), ("a100", (1, 8)), ("v100", (1, 8)), ("t4", (1,)),
                           ("l4", (1,))]
       for n in counts),
+    # Two nodes of 8 H100s. (XLA's deviceless GPU topology numbers the hosts' processes but
+    # gives every device slice_index 0, where a real cluster gives each host its own: the mesh
+    # is the same for meshes that keep a model axis within a node, docs/MULTI_HOST.md.)
+    Target("gpu-h100x8x2", "h100", 16, gpu="h100", gpu_hosts=2),
 ]}
 
 
@@ -151,7 +156,7 @@ def topology_devices(target_: Target) -> list:
     else:
       description = topologies.get_topology_desc(
           platform="cuda", target_config=GPUS[target_.gpu].target_config(),
-          topology=f"1x1x{target_.num_devices}")
+          topology=f"1x{target_.gpu_hosts}x{target_.num_devices // target_.gpu_hosts}")
   except (NotImplementedError, RuntimeError) as e:  # no libtpu / CUDA plugin, or started late
     raise ValueError(f"--target={target_.name}: jax cannot compile for {target_.platform} here "
                      f"({str(e).splitlines()[0][:120]}); pip install -e '.[aot]', and run with "

@@ -11,8 +11,12 @@ they do not have) and when one task drives a whole node (it would take GPU 0 onl
 
 Whether several processes were launched is read from JAX's cluster detectors (a private module,
 the only one this project reads, behind `launched_process_count`); should it move, the
-launchers' public variables are read instead, with a one-line warning.
+variables they read are read instead, with a one-line warning. Launchers JAX does not detect
+(Open MPI 5, PMIx, MPICH, a Kubernetes indexed Job) are read from their public variables
+(`launched_by`): they join through JAX_COORDINATOR_ADDRESS, or every process stops in one line
+asking for it, rather than each training alone as "process 0 of 1".
 """
+import dataclasses
 import glob
 import os
 import re
@@ -22,36 +26,108 @@ import jax
 from absl import logging
 
 
+class NotJoined(ValueError):
+  """A launcher started several processes that cannot find each other: every one stops."""
+
+
 def initialize_distributed() -> None:
   """Joins this process to the others of its run, before anything touches a device, and logs
   the local devices asked for, then `process i of n, local devices d, global devices D`.
+  NotJoined (one line, on every process alike) where a launcher started several processes
+  and no coordinator can be known: each would otherwise train alone, as "process 0 of 1".
 
-  An explicit JAX_COORDINATOR_ADDRESS (with JAX_NUM_PROCESSES and JAX_PROCESS_ID, which JAX
-  itself does not read) is used as given; otherwise the launcher is detected as
-  `jax.distributed.initialize()` detects it with no arguments: a Cloud TPU VM's metadata
-  (single- and multi-worker slices, multislice), GKE's TPU variables, SLURM, Open MPI. A
-  launcher that started one process (a one-host TPU VM, a one-task SLURM job) is not joined:
-  one process needs no coordinator, and joining would let JAX's SLURM detector hide all but
-  one local GPU from it."""
-  explicit = {}
-  if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-    if os.environ.get("JAX_NUM_PROCESSES") and os.environ.get("JAX_PROCESS_ID"):
-      explicit = dict(num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-                      process_id=int(os.environ["JAX_PROCESS_ID"]))
-    several = explicit.get("num_processes", 2) > 1  # without a count: JAX detects the rest
-  else:
-    count = launched_process_count()
-    several = count is None or count > 1  # None: a TPU VM whose workers only JAX can count
-  if several:
+  See `join_arguments` for where the processes, this one's rank and the coordinator come
+  from. A launcher that started one process (a one-host TPU VM, a one-task SLURM job) is not
+  joined: one process needs no coordinator, and joining would let JAX's SLURM detector hide
+  all but one local GPU from it."""
+  arguments = join_arguments(os.environ, launched_process_count())
+  if arguments is not None:
     # The trainer agrees on stops itself, for SIGTERM and SIGINT alike (aiayn_flax/stops.py):
     # JAX's preemption service would install its own SIGTERM handler beside ours.
     jax.config.update("jax_enable_preemption_service", False)
     device_ids = local_device_ids(os.environ, host_gpu_count())
     logging.info("local device ids asked for: %s", "all (no GPU to bind)" if device_ids is None
                  else ",".join(map(str, device_ids)))
-    jax.distributed.initialize(**explicit, local_device_ids=device_ids)
+    jax.distributed.initialize(**arguments, local_device_ids=device_ids)
   logging.info("process %d of %d, local devices %d, global devices %d", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def join_arguments(environ: Mapping[str, str], detected: int | None) -> dict | None:
+  """The arguments of jax.distributed.initialize() for this process ({}: JAX detects them
+  all), or None where it runs alone. `detected` is what JAX's own detectors count
+  (`launched_process_count`: 1 where none applies, None on a TPU VM only JAX can count).
+
+  JAX_COORDINATOR_ADDRESS (which JAX reads itself) with JAX_NUM_PROCESSES and JAX_PROCESS_ID
+  are used as given; where those two are unset, the launcher's public variables give them
+  (`launched_by`: Open MPI 4 and 5, PMIx, MPICH, SLURM; a Kubernetes indexed Job's pod index).
+  Otherwise JAX's detectors join a Cloud TPU VM's workers (metadata: one slice or multislice),
+  GKE's TPU pods, SLURM and Open MPI 4 by themselves. A launcher they do not know (Open MPI 5
+  no longer sets the OMPI_MCA_orte_hnp_uri that JAX reads; a Kubernetes Job without the
+  `kubernetes` package) that started several processes: NotJoined, naming the variables to
+  set, as each process would otherwise train alone."""
+  address = environ.get("JAX_COORDINATOR_ADDRESS")
+  launch = launched_by(environ)
+  count = int(environ["JAX_NUM_PROCESSES"]) if environ.get("JAX_NUM_PROCESSES") else (
+      launch.count if launch else None)
+  rank = int(environ["JAX_PROCESS_ID"]) if environ.get("JAX_PROCESS_ID") else (
+      launch.rank if launch else None)
+  if count == 1:
+    return None
+  if address and None not in (count, rank):
+    return dict(num_processes=count, process_id=rank)
+  if detected is None or detected > 1:
+    return {}  # JAX's detectors find the rest (the coordinator too, unless it is given)
+  if address:
+    raise NotJoined(f"JAX_COORDINATOR_ADDRESS={address} is set, but not how many processes "
+                    "there are and which one this is: set JAX_NUM_PROCESSES and "
+                    "JAX_PROCESS_ID too")
+  if launch and (launch.count is None or launch.count > 1 or (launch.rank or 0) > 0):
+    started = "several processes" if launch.count is None else f"{launch.count} processes"
+    count_too = "" if launch.count else " and JAX_NUM_PROCESSES (the number of processes)"
+    raise NotJoined(f"{launch.name} started {started} ({launch.variables}), and JAX cannot "
+                    "find their coordinator: set JAX_COORDINATOR_ADDRESS=HOST:PORT for every "
+                    f"process (HOST: the host of rank 0, PORT: a free port there){count_too}; "
+                    "each would otherwise train alone (docs/MULTI_HOST.md)")
+  if count and count > 1:
+    raise NotJoined(f"JAX_NUM_PROCESSES={count} is set, but no coordinator: set "
+                    "JAX_COORDINATOR_ADDRESS=HOST:PORT (the host of process 0, a free port) "
+                    "and JAX_PROCESS_ID for every process")
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """What a launcher's own variables say about this process."""
+  name: str  # "Open MPI", ...
+  count: int | None  # how many processes it started; None where its variables do not say
+  rank: int | None  # this process's rank among them
+  variables: str  # the variables read, as NAME=value, for messages
+
+
+def launched_by(environ: Mapping[str, str]) -> Launch | None:
+  """The launcher that started this process, from its public variables, or None where none
+  did: SLURM's srun (SLURM_NTASKS, SLURM_PROCID), Open MPI 4 and 5 (OMPI_COMM_WORLD_SIZE,
+  OMPI_COMM_WORLD_RANK), MPICH and Intel MPI (PMI_SIZE, PMI_RANK), any PMIx launcher
+  (PMIX_RANK: no count), a Kubernetes indexed Job (JOB_COMPLETION_INDEX: its count, the Job's
+  completions, is JAX_NUM_PROCESSES, which the user passes)."""
+  def read(name, count_variable, rank_variable):
+    shown = count_variable or rank_variable  # the same line on every process where it can
+    return Launch(name, int(environ[count_variable]) if count_variable else None,
+                  int(environ.get(rank_variable, "0")), f"{shown}={environ[shown]}")
+  if all(name in environ for name in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
+                                      "SLURM_PROCID", "SLURM_LOCALID")):  # inside srun
+    return read("SLURM", "SLURM_NTASKS", "SLURM_PROCID")
+  if environ.get("OMPI_COMM_WORLD_SIZE"):
+    return read("Open MPI", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
+  if environ.get("PMI_SIZE"):
+    return read("MPICH", "PMI_SIZE", "PMI_RANK")
+  if environ.get("PMIX_RANK"):
+    return read("a PMIx launcher", None, "PMIX_RANK")
+  # (GKE's TPU pods, indexed Jobs too, are JAX's to count: from TPU_WORKER_HOSTNAMES.)
+  if environ.get("JOB_COMPLETION_INDEX") and not environ.get("TPU_WORKER_HOSTNAMES"):
+    return read("a Kubernetes indexed Job", None, "JOB_COMPLETION_INDEX")
+  return None
 
 
 def local_device_ids(environ: Mapping[str, str], host_gpus: int | None) -> list[int] | None:
@@ -133,15 +209,14 @@ def launched_process_count() -> int | None:
 
 
 def process_count_from_variables(environ: Mapping[str, str]) -> int | None:
-  """How many processes the launcher started, from the variables it sets (1 where none is
-  set); None on a Cloud TPU VM without them (its workers are listed in its metadata only)."""
-  if environ.get("JAX_NUM_PROCESSES"):
-    return int(environ["JAX_NUM_PROCESSES"])
+  """How many processes JAX's own detectors would find, from the variables they read (1 where
+  none applies); None on a Cloud TPU VM without them (its workers are listed in its metadata
+  only). (`launched_by` reads the launchers JAX does not know.)"""
   if all(name in environ for name in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
                                       "SLURM_PROCID", "SLURM_LOCALID")):  # inside srun
     return int(environ["SLURM_NTASKS"])
-  if environ.get("OMPI_COMM_WORLD_SIZE"):
-    return int(environ["OMPI_COMM_WORLD_SIZE"])
+  if environ.get("OMPI_MCA_orte_hnp_uri") and environ.get("OMPI_COMM_WORLD_SIZE"):
+    return int(environ["OMPI_COMM_WORLD_SIZE"])  # Open MPI 4 (JAX's detector: not 5)
   workers = environ.get("TPU_PROCESS_ADDRESSES") or environ.get("TPU_WORKER_HOSTNAMES")
   if workers:  # GKE: this slice's workers, times the slices of a multislice job
     return len(workers.split(",")) * int(environ.get("MEGASCALE_NUM_SLICES", "1"))

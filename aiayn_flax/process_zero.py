@@ -19,6 +19,7 @@ import json
 
 import jax
 import numpy as np
+from absl import logging
 from jax.experimental import multihost_utils
 
 # Process 0 may prepare a tfds dataset (hours for WMT14) or train a 37k vocabulary while the
@@ -33,8 +34,18 @@ class ProcessZeroFailed(ValueError):
 
 
 def _client():
-  from jax._src import distributed  # the client jax.distributed.initialize() started
-  return distributed.global_state.client
+  """The client jax.distributed.initialize() started (its key-value store lets the others wait
+  for hours), or None where a JAX release has moved it: process 0's verdict then travels by a
+  broadcast over the devices, as read_once's does (a wait bounded by the collectives' own
+  timeouts), with one warning. Private, hence this one place (as cluster.py's detectors)."""
+  try:
+    from jax._src import distributed
+    return distributed.global_state.client
+  except (ImportError, AttributeError) as e:
+    logging.log_first_n(logging.WARNING, "JAX's distributed client (jax._src.distributed) is "
+                        "not where it was (%s): process 0's verdicts go by broadcast instead",
+                        1, e)
+    return None
 
 
 def _key(name: str) -> str:
@@ -47,22 +58,20 @@ def first(name: str, make, read):
   if jax.process_count() == 1:
     return make()
   key, client = _key(name), _client()
-  if client is None:  # joined without a distributed client: a device barrier is all there is
-    if jax.process_index() == 0:
-      result = make()
-      multihost_utils.sync_global_devices(key)
-      return result
-    multihost_utils.sync_global_devices(key)
-    return read()
+  if client is None:  # no key-value store to wait on: process 0's verdict is broadcast
+    announce, await_verdict = _broadcast_json, lambda: _broadcast_json(None)
+  else:
+    announce = lambda verdict: client.key_value_set(key, verdict)  # noqa: E731
+    await_verdict = lambda: client.blocking_key_value_get(key, _WAIT_MS)  # noqa: E731
   if jax.process_index() == 0:
     try:
       result = make()
     except Exception as e:
-      client.key_value_set(key, f"{type(e).__name__}: {e}")
+      announce(f"{type(e).__name__}: {e}")
       raise
-    client.key_value_set(key, "")
+    announce("")
     return result
-  error = client.blocking_key_value_get(key, _WAIT_MS)
+  error = await_verdict()
   if error:
     raise ProcessZeroFailed(f"process 0 stopped at {name}: {error}")
   return read()

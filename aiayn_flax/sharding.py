@@ -49,8 +49,17 @@ def parse_mesh(spec: str, num_devices: int) -> dict[str, int]:
 
 def parse_dcn_mesh(spec: str, mesh_axes: dict[str, int], num_slices: int) -> dict[str, int]:
   """config.dcn_mesh ("data:2": the data axis spans 2 slices) -> how many slices each axis of
-  the mesh spans, {axis: 1} where it stays within a slice. "" is one slice."""
+  the mesh spans, {axis: 1} where it stays within a slice. "" puts the data axis across every
+  slice there is (data parallel between slices: the gradient all-reduce is the one collective
+  that crosses their network), so that several GPU nodes, each its own slice, need no flag."""
   spans = dict.fromkeys(mesh_axes, 1)
+  if not spec.strip() and num_slices > 1:
+    if mesh_axes["data"] % num_slices:
+      raise ValueError(f"the devices are on {num_slices} slices (TPU slices, or GPU hosts) and "
+                       f"config.mesh's data axis ({mesh_axes['data']} devices) does not split "
+                       f"into {num_slices}: set --config.dcn_mesh=AXIS:{num_slices}, AXIS a "
+                       f"mesh axis ({', '.join(mesh_axes)}) whose size {num_slices} divides")
+    return spans | {"data": num_slices}
   for part in filter(None, (p.strip() for p in spec.split(","))):
     name, _, size = part.partition(":")
     if name.strip() not in mesh_axes or not size.isdigit() or int(size) < 1:
@@ -59,9 +68,7 @@ def parse_dcn_mesh(spec: str, mesh_axes: dict[str, int], num_slices: int) -> dic
     spans[name.strip()] = int(size)
   if int(np.prod(list(spans.values()))) != num_slices:
     raise ValueError(f"config.dcn_mesh={spec!r} spans {int(np.prod(list(spans.values())))} "
-                     f"slice(s), but the devices are on {num_slices}"
-                     + (f"; set --config.dcn_mesh=data:{num_slices} (data parallel across "
-                        "slices)" if not spec else ""))
+                     f"slice(s), but the devices are on {num_slices}")
   for name, slices in spans.items():
     if mesh_axes[name] % slices:
       raise ValueError(f"config.dcn_mesh={spec!r}: the mesh's {name} axis ({mesh_axes[name]} "
@@ -70,14 +77,21 @@ def parse_dcn_mesh(spec: str, mesh_axes: dict[str, int], num_slices: int) -> dic
 
 
 def make_mesh(spec: str, devices=None, dcn_spec: str = "") -> Mesh:
-  """The mesh of config.mesh (`spec`) over `devices` (default: all), laid out along the
-  hardware's links: on a TPU slice, mesh_utils.create_device_mesh maps each axis onto the
-  torus's rings (splitting a physical axis where needed); on CPUs and GPUs it keeps the
-  devices' order (on CPU exactly the plain reshape of jax.devices()). Devices of several
-  slices (multislice, joined by the data-center network) need config.dcn_mesh (`dcn_spec`,
-  e.g. "data:2"): create_hybrid_device_mesh puts those axes across slices, the rest within
-  each slice's ICI."""
-  devices = jax.devices() if devices is None else list(devices)
+  """The mesh of config.mesh (`spec`) over `devices` (default: all): `device_grid`."""
+  grid, axis_names = device_grid(spec, jax.devices() if devices is None else list(devices),
+                                 dcn_spec)
+  return Mesh(grid, axis_names)
+
+
+def device_grid(spec: str, devices: list, dcn_spec: str = "") -> tuple[np.ndarray, tuple]:
+  """(the devices as an array shaped like config.mesh (`spec`), its axis names), laid out
+  along the hardware's links: on a TPU slice, mesh_utils.create_device_mesh maps each axis
+  onto the torus's rings (splitting a physical axis where needed); on CPUs and GPUs it keeps
+  the devices' order (on CPU exactly the plain reshape of jax.devices()). Devices of several
+  slices (`slice_index`: TPU multislice; on GPUs, XLA gives every host its own) are joined by
+  a slower network: config.dcn_mesh (`dcn_spec`, e.g. "data:2"; "" puts the data axis across
+  them) says which axes cross it, and create_hybrid_device_mesh lays the rest within each
+  slice (a TPU slice's ICI, a GPU node's NVLink)."""
   axes = parse_mesh(spec, len(devices))
   num_slices = len({getattr(d, "slice_index", 0) for d in devices})
   spans = parse_dcn_mesh(dcn_spec, axes, num_slices)
@@ -85,18 +99,18 @@ def make_mesh(spec: str, devices=None, dcn_spec: str = "") -> Mesh:
     grid = mesh_utils.create_device_mesh(tuple(axes.values()), devices,
                                          allow_split_physical_axes=True)
   else:
+    logging.info("mesh %s over %d slices: %s across them", spec, num_slices, ", ".join(
+        f"{name} ({slices} slices)" for name, slices in spans.items() if slices > 1))
     grid = mesh_utils.create_hybrid_device_mesh(
         tuple(axes[name] // spans[name] for name in axes), tuple(spans.values()), devices,
         allow_split_physical_axes=True)
-  return Mesh(grid, tuple(axes))
+  return grid, tuple(axes)
 
 
 def data_parallel_mesh(devices=None) -> Mesh:
   """Every device (default: of every process) on one `data` axis, across slices too: the mesh
   that decodes (translator.py), each device taking its share of a batch's rows."""
-  devices = jax.devices() if devices is None else list(devices)
-  slices = len({getattr(d, "slice_index", 0) for d in devices})
-  return make_mesh("data:-1", devices, f"data:{slices}" if slices > 1 else "")
+  return make_mesh("data:-1", devices)  # across every slice: dcn_mesh's default
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

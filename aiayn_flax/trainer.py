@@ -27,6 +27,10 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches",
     "compilation_cache_dir", "host_local_batches",
     "dcn_mesh"})  # dcn_mesh: where devices sit, not what they do
+# Fields that may differ on resume when the batches are checked to be the same (the batch plan
+# saved with each checkpoint): where the prepared tfds data lives (a bucket in place of process
+# 0's boot disk, say).
+SAME_BATCHES_ON_RESUME = frozenset({"dataset.data_dir"})
 # Fields that earlier versions saved and that no longer exist (they were never read): a run
 # that saved them resumes without a conflict.
 REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer",
@@ -41,16 +45,23 @@ def config_dict(config) -> dict:
   return json.loads(config.to_json_best_effort(sort_keys=True))
 
 
-def resume_conflicts(saved: dict, current: dict, prefix: str = "") -> list[str]:
-  """Dotted names of the fields that differ and matter, e.g. ["model.d_model: 256 -> 512"]."""
+def resume_conflicts(saved: dict, current: dict, prefix: str = "",
+                     same_batches: bool = False) -> list[str]:
+  """Dotted names of the fields that differ and matter, e.g. ["model.d_model: 256 -> 512"];
+  with `same_batches` (the run's batches are those it was trained on), not those of
+  SAME_BATCHES_ON_RESUME."""
   conflicts = []
+  allowed = SAFE_TO_CHANGE_ON_RESUME | REMOVED_FIELDS | (
+      SAME_BATCHES_ON_RESUME if same_batches else frozenset())
   for key in sorted(set(saved) | set(current)):
     name = prefix + key
     old, new = saved.get(key, config_checks.ADDED_FIELDS.get(name)), current.get(key)
     if isinstance(old, dict) and isinstance(new, dict):
-      conflicts += resume_conflicts(old, new, name + ".")
-    elif old != new and name not in SAFE_TO_CHANGE_ON_RESUME | REMOVED_FIELDS:
-      conflicts.append(f"{name}: {old!r} -> {new!r}")
+      conflicts += resume_conflicts(old, new, name + ".", same_batches)
+    elif old != new and name not in allowed:
+      conflicts.append(f"{name}: {old!r} -> {new!r}" + (
+          " (may change where the data there gives the batches trained on, as the checkpoint "
+          "records them: these differ)" if name in SAME_BATCHES_ON_RESUME else ""))
   return conflicts
 
 
@@ -150,9 +161,14 @@ def evaluate_translations(translator, params, sources, references, task) -> dict
   """The task's metrics of greedy-decoded validation sentences: BLEU (sacreBLEU) and exact
   match (the toy task's metric) for translation, EVALB F1 for parsing (aiayn_flax/tasks/).
   The translator places the parameters whole on every device (once, not per batch) and splits
-  each batch's rows over all of them (translator.py)."""
+  each batch's rows over all of them (translator.py); that copy is dropped once they are
+  decoded, so that it does not hold a whole model on every device through training (what FSDP
+  or a `model` axis saved)."""
   translator.params = params
-  return task.validation_metrics(sources, translator.translate(sources), references)
+  try:
+    return task.validation_metrics(sources, translator.translate(sources), references)
+  finally:
+    translator.params = None
 
 
 class InputRows:
@@ -177,21 +193,26 @@ class InputRows:
     return sharding.put_batch(stacked, self.stacked_sharding)
 
 
-def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shards: int):
+def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shards: int,
+                    batch_plan: list[str] | None = None):
   """(state, data position): from the newest checkpoint that can be read, when there is one.
   Newer ones that cannot be read are moved to workdir/unreadable_checkpoints/ (never deleted),
   with a warning naming them, so that the run can save those steps again.
 
   The batch list depends on the number of data shards (a batch's rows are a multiple of it),
   so the saved data position means something else on another count: that resume is refused
-  (--force_resume continues anyway, from the same position of a different batch list)."""
+  (--force_resume continues anyway, from the same position of a different batch list).
+  `batch_plan`: the digests of this run's batch lists, which may let SAME_BATCHES_ON_RESUME
+  fields differ (checkpoints record theirs)."""
   # The small metadata first: a checkpoint of another config (other shapes) is refused in one
   # line naming the keys, before orbax would fail on its arrays' shapes.
   newest_meta = checkpoints.newest_readable(mngr, lambda step: checkpoints.restore_meta(mngr, step))
   if not newest_meta:
     return state, bucketing.BatchPosition()
   saved_meta = newest_meta[0][1]
-  conflicts = resume_conflicts(saved_meta["config"], config_dict(config))
+  same_batches = batch_plan is not None and saved_meta.get("batch_plan") == batch_plan
+  conflicts = resume_conflicts(saved_meta["config"], config_dict(config),
+                               same_batches=same_batches)
   saved_shards = saved_meta.get("data_shards", data_shards)  # older runs did not record it
   if saved_shards != data_shards:
     conflicts.append(f"data shards (the mesh's data axis): {saved_shards} -> {data_shards}, "
@@ -265,15 +286,17 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
   mngr = checkpoints.manager(workdir, keep=max(config.keep_checkpoints,
                                                config.average_last_checkpoints),
                              asynchronous=config.checkpoint_asynchronously)
+  batch_plan = [train_batches.plan_digest(), eval_batches.plan_digest()]
   host_agreement.check({  # or every host stops, naming the first difference
       "vocabulary": host_agreement.file_digest(getattr(vocab, "model_path", None)),
-      "batch plan": [train_batches.plan_digest(), eval_batches.plan_digest()],
+      "batch plan": batch_plan,
       "checkpoint steps": sorted(mngr.all_steps())})
   new_state = lambda: train_step.create_train_state(config, model)  # noqa: E731
   state_sharding = sharding.train_state_shardings(
       mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model), config.fsdp)
   state = jax.jit(new_state, out_shardings=state_sharding)()
-  state, position = restore_or_init(config, workdir, mngr, state, force_resume, data_shards)
+  state, position = restore_or_init(config, workdir, mngr, state, force_resume, data_shards,
+                                    batch_plan)
 
   programs = training_programs(config, model, mesh, state_sharding)
   rng = train_step.dropout_key(config.seed)
@@ -294,7 +317,8 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
     writer.write_hparams({"config": config.to_json_best_effort(sort_keys=True)})
     logging.info("TensorBoard: tensorboard --logdir %s", workdir)
 
-  run_meta = {"data_shards": data_shards, "config": config_dict(config),
+  run_meta = {"data_shards": data_shards, "batch_plan": batch_plan,
+              "config": config_dict(config),
               "versions": provenance.software_versions()}
 
   def save(step):

@@ -18,8 +18,19 @@ naming this very process, which it did not take itself, was written by a previou
 (the same pid, before a restart or an exec). Without /proc (macOS), or in a lease written before
 these fields, the pid alone decides, as before.
 
-(Two runs started within the same second can both miss each other's lease: the lease guards
-against the common mistake, a second command on a workdir in use, not against a race.)
+A pid is only confirmed in the pid namespace that wrote it: the lease records the namespace
+(/proc/self/ns/pid), and a holder in another one (a container beside this one with host
+networking shares the hostname and boot id, not the pids; a replacement pod that kept its
+hostname runs on another node, with another boot id) is judged by its heartbeat's age, as one
+from another host is.
+
+Two runs started at once cannot both take the lease: on a local or network filesystem a new
+lease is created whole and exclusively (a hard link, which fails where a lease exists); a lease
+taken over from a stopped run, or on Cloud Storage (no exclusive create), is written, left
+SETTLE_SECONDS for any rival's write to land, and read back: the run that finds its own is the
+one that trains, the others refuse, naming it. Each renewal reads the lease first and stops
+renewing (`lost`, logged) where another run has taken it over: it never writes over the new
+holder's lease.
 """
 import contextlib
 import datetime
@@ -38,6 +49,9 @@ from aiayn_flax import paths, process_zero
 LEASE_FILENAME = "run.lease"
 HEARTBEAT_SECONDS = 30
 STALE_SECONDS = 300  # 10 heartbeats: a live run on a busy host (or a slow bucket) renews it
+# Longer than any rival takes from reading the lease to writing its own (a read and a write,
+# on Cloud Storage too): after it, a read-back shows the last of the rivals' writes.
+SETTLE_SECONDS = 2.0
 
 
 class WorkdirInUse(ValueError):
@@ -51,18 +65,35 @@ _TAKEN_HERE: set[str] = set()
 
 def is_live(lease: dict, now: float | None = None) -> bool:
   """Whether the lease's run is still running (see the module's docstring)."""
-  if lease.get("host") == socket.gethostname():
+  if pid_confirmable(lease):
     pid = int(lease.get("pid", 0))
     if pid == os.getpid():
       return lease.get("run") in _TAKEN_HERE
-    if None not in (lease.get("boot_id"), boot_id()) and lease["boot_id"] != boot_id():
-      return False  # written before the host (or the container's host) rebooted
     if not _pid_alive(pid):
       return False
     started, now_started = lease.get("pid_started"), process_start_time(pid)
     return None in (started, now_started) or started == now_started  # else: the pid reused
   now = time.time() if now is None else now
   return now - float(lease.get("heartbeat", 0)) < STALE_SECONDS
+
+
+def pid_confirmable(lease: dict) -> bool:
+  """Whether the lease's pid names a process this one can ask about: written on this host,
+  in this boot (else another machine with the same hostname, or a reboot) and in this pid
+  namespace (else another container). A field that either side lacks (an older lease, no
+  /proc) does not count against it."""
+  if lease.get("host") != socket.gethostname():
+    return False
+  return all(None in (lease.get(field), ours) or lease[field] == ours
+             for field, ours in (("boot_id", boot_id()), ("pid_namespace", pid_namespace())))
+
+
+def pid_namespace() -> str | None:
+  """This process's pid namespace ("pid:[4026531836]"), or None without /proc."""
+  try:
+    return os.readlink("/proc/self/ns/pid")
+  except OSError:
+    return None
 
 
 def boot_id() -> str | None:
@@ -115,27 +146,57 @@ def describe(lease: dict) -> str:
 
 
 class Lease:
-  """This run's lease, renewed by a daemon thread until `release`."""
+  """This run's lease (taken by `take`), renewed by a daemon thread until `release`."""
 
   def __init__(self, path: epath.Path):
     self.path = path
-    now = time.time()
     self.record = {"host": socket.gethostname(), "pid": os.getpid(), "run": uuid.uuid4().hex,
-                   "started": _utc(now), "boot_id": boot_id(),
+                   "started": _utc(time.time()), "boot_id": boot_id(),
+                   "pid_namespace": pid_namespace(),
                    "pid_started": process_start_time(os.getpid())}
-    _TAKEN_HERE.add(self.record["run"])
+    self.lost = threading.Event()  # set when another run has taken the lease over
     self._stop = threading.Event()
-    self._write(now)
     self._thread = threading.Thread(target=self._renew, name="workdir-lease", daemon=True)
-    self._thread.start()
+
+  def _text(self, now: float) -> bytes:
+    return json.dumps(self.record | {"heartbeat": now, "heartbeat_utc": _utc(now)}).encode()
 
   def _write(self, now: float) -> None:
-    record = self.record | {"heartbeat": now, "heartbeat_utc": _utc(now)}
-    paths.write_atomically(self.path, lambda f: f.write(json.dumps(record).encode()))
+    text = self._text(now)
+    paths.write_atomically(self.path, lambda f: f.write(text))
+
+  def _create_exclusively(self) -> bool:
+    """Creates the lease, whole, where there is none (a hard link to a written file fails
+    where the lease exists: atomic on local and network filesystems); False where one exists
+    or the storage has no hard links (Cloud Storage, some FUSE mounts)."""
+    if paths.is_url(self.path):
+      return False
+    temp = self.path.parent / f".{self.path.name}.{self.record['run']}.tmp"
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    temp.write_bytes(self._text(time.time()))
+    try:
+      os.link(temp, self.path)
+      return True
+    except OSError:  # FileExistsError, or no hard links here
+      return False
+    finally:
+      temp.unlink(missing_ok=True)
+
+  def _start_renewing(self) -> None:
+    _TAKEN_HERE.add(self.record["run"])
+    self._thread.start()
 
   def _renew(self) -> None:
     while not self._stop.wait(HEARTBEAT_SECONDS):
       try:
+        holder = read_lease(self.path)
+        if holder and holder.get("run") != self.record["run"]:
+          # Taken over (this run's heartbeat went stale: a stopped VM, a slow bucket): two
+          # runs share the workdir now, and this one must not write over the other's lease.
+          logging.error("%s: the workdir's lease was taken over by %s; this run no longer "
+                        "holds it and stops renewing it", self.path, describe(holder))
+          self.lost.set()
+          return
         self._write(time.time())
       except OSError as e:  # a transient storage error: the next heartbeat tries again
         logging.warning("%s: could not renew the lease: %s", self.path, e)
@@ -146,7 +207,8 @@ class Lease:
 
   def release(self) -> None:
     self._stop.set()
-    self._thread.join()
+    if self._thread.is_alive():
+      self._thread.join()
     if self.is_ours():
       self.path.unlink(missing_ok=True)
     _TAKEN_HERE.discard(self.record["run"])
@@ -156,18 +218,32 @@ def take(workdir) -> Lease:
   """This run's lease on workdir; WorkdirInUse (one line naming the holder) when a live run
   holds it."""
   path = paths.workdir_path(workdir) / LEASE_FILENAME
-  existing = read_lease(path)
-  if existing and is_live(existing):
-    raise WorkdirInUse(f"{paths.workdir_path(workdir)} is in use by {describe(existing)}; "
-                       f"wait for it to end or stop it, or train in another --workdir (a "
-                       f"killed run's lease ({path}) stops counting once its pid is gone, or "
-                       f"after {STALE_SECONDS} s without a heartbeat from another host)")
-  if existing:
-    logging.info("%s: taking over the lease of %s, which has stopped", path, describe(existing))
   lease = Lease(path)
+  existing = read_lease(path)
+  if existing is None and not lease._create_exclusively():
+    existing = read_lease(path)  # a rival created it first, or there are no hard links here
+  if existing and is_live(existing):
+    raise _in_use(workdir, path, existing)
+  if existing or not lease.is_ours():  # taking a stopped run's lease over, or no hard links
+    if existing:
+      logging.info("%s: taking over the lease of %s, which has stopped", path,
+                   describe(existing))
+    lease._write(time.time())
+    time.sleep(SETTLE_SECONDS)  # every rival that read what this run read has written now
+    holder = read_lease(path)
+    if not holder or holder.get("run") != lease.record["run"]:
+      raise _in_use(workdir, path, holder or {})  # the last rival to write holds it
+  lease._start_renewing()
   logging.info("%s: this run's lease (host %s, pid %d)", path, lease.record["host"],
                lease.record["pid"])
   return lease
+
+
+def _in_use(workdir, path: epath.Path, holder: dict) -> WorkdirInUse:
+  return WorkdirInUse(f"{paths.workdir_path(workdir)} is in use by {describe(holder)}; wait "
+                      f"for it to end or stop it, or train in another --workdir (a killed "
+                      f"run's lease ({path}) stops counting once its pid is gone, or after "
+                      f"{STALE_SECONDS} s without a heartbeat from another host)")
 
 
 @contextlib.contextmanager

@@ -130,9 +130,10 @@ def get_config(row: str = ""):
   c.decode_constrained = True
 
   c.mesh = "data:-1"  # mesh axes and sizes, e.g. "data:4,model:2"; -1: the remaining devices
-  # Multislice (TPU slices joined by the data-center network, DCN): how many slices each mesh
-  # axis spans, e.g. "data:2" (data parallel across 2 slices, config.mesh's sizes being the
-  # whole run's); "": one slice. Only the gradient all-reduce then crosses the slower DCN.
+  # Several slices (TPU multislice; GPU nodes, each its own slice for XLA) joined by a slower
+  # network (DCN, InfiniBand): how many slices each mesh axis spans, e.g. "data:2" (data
+  # parallel across 2 slices, config.mesh's sizes being the whole run's); "": the data axis
+  # across every slice there is. Only the gradient all-reduce then crosses the slower network.
   c.dcn_mesh = ""
   c.fsdp = False  # also shard every parameter's d_model axis over `data`
   # Gradient accumulation: each device processes at most this many tokens per side per

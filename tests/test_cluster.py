@@ -105,35 +105,95 @@ def test_slurm_tasks_per_node_layouts(layout, node, tasks):
   assert cluster.slurm_tasks_on_this_node(environ) == tasks
 
 
+# What Open MPI 5's mpirun (PRRTE, PMIx) sets in each rank: no OMPI_MCA_orte_hnp_uri.
+OPEN_MPI_5 = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+              "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_UNIVERSE_SIZE": "2",
+              "PMIX_NAMESPACE": "prterun-host0-12345@1",
+              "PMIX_SERVER_URI41": "prterun-host0-12345@0.0;tcp4://10.0.0.1:5000"}
+
+
+@pytest.mark.parametrize("launcher, environ", [
+    ("Open MPI", OPEN_MPI_5 | {"OMPI_COMM_WORLD_RANK": "1", "PMIX_RANK": "1"}),
+    ("SLURM", SLURM_STEP | {"SLURM_LOCALID": "3"}),
+    ("MPICH", {"PMI_SIZE": "2", "PMI_RANK": "1"}),
+    ("a PMIx launcher", {"PMIX_RANK": "1", "PMIX_NAMESPACE": "x"}),
+    ("a Kubernetes indexed Job", {"JOB_COMPLETION_INDEX": "1", "KUBERNETES_SERVICE_HOST": "h"})])
+def test_launchers_jax_does_not_detect_join_through_the_coordinators_address(launcher, environ):
+  count = cluster.launched_by(environ).count or 2
+  assert cluster.launched_by(environ).name == launcher
+  given = {"JAX_COORDINATOR_ADDRESS": "host0:1234"}
+  if launcher.startswith("a "):  # the launcher does not say how many: the user does
+    with pytest.raises(cluster.NotJoined, match="JAX_NUM_PROCESSES and JAX_PROCESS_ID"):
+      cluster.join_arguments(environ | given, detected=1)
+    given["JAX_NUM_PROCESSES"] = "2"
+  assert cluster.join_arguments(environ | given, detected=1) == dict(
+      num_processes=count, process_id=1 if launcher != "SLURM" else 11)
+
+
+@pytest.mark.parametrize("environ, line", [
+    (OPEN_MPI_5 | {"OMPI_COMM_WORLD_RANK": "0", "PMIX_RANK": "0"},
+     "Open MPI started 2 processes (OMPI_COMM_WORLD_SIZE=2), and JAX cannot find their "
+     "coordinator: set JAX_COORDINATOR_ADDRESS=HOST:PORT for every process (HOST: the host of "
+     "rank 0, PORT: a free port there); each would otherwise train alone (docs/MULTI_HOST.md)"),
+    ({"JOB_COMPLETION_INDEX": "0"},
+     "a Kubernetes indexed Job started several processes (JOB_COMPLETION_INDEX=0), and JAX "
+     "cannot find their coordinator: set JAX_COORDINATOR_ADDRESS=HOST:PORT for every process "
+     "(HOST: the host of rank 0, PORT: a free port there) and JAX_NUM_PROCESSES (the number "
+     "of processes); each would otherwise train alone (docs/MULTI_HOST.md)"),
+    ({"JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "0"},
+     "JAX_NUM_PROCESSES=4 is set, but no coordinator: set JAX_COORDINATOR_ADDRESS=HOST:PORT "
+     "(the host of process 0, a free port) and JAX_PROCESS_ID for every process")])
+def test_several_processes_that_cannot_join_stop_in_one_line_naming_the_address(environ, line):
+  with pytest.raises(cluster.NotJoined) as refused:
+    cluster.join_arguments(environ, detected=1)
+  assert str(refused.value) == line
+
+
+@pytest.mark.parametrize("environ, detected, arguments", [
+    ({}, 1, None),  # a laptop
+    (OPEN_MPI_5 | {"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"}, 1, None),
+    ({"JOB_COMPLETION_INDEX": "0", "JAX_NUM_PROCESSES": "1"}, 1, None),  # a one-pod Job
+    (SLURM_STEP | {"SLURM_LOCALID": "3"}, 16, {}),  # JAX's SLURM detector joins them
+    ({}, None, {}),  # a Cloud TPU VM: JAX reads its workers from the metadata
+    ({"JOB_COMPLETION_INDEX": "0", "TPU_WORKER_HOSTNAMES": "w-0"}, 1, None),  # GKE, one TPU host
+    ({"JOB_COMPLETION_INDEX": "1", "TPU_WORKER_HOSTNAMES": "w-0,w-1"}, 2, {}),  # GKE, two
+    ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}, 1,
+     dict(num_processes=2, process_id=1))])
+def test_who_joins_and_who_runs_alone(environ, detected, arguments):
+  assert cluster.join_arguments(environ, detected) == arguments
+
+
 @pytest.mark.parametrize("environ, count", [
     ({}, 1),
-    ({"JAX_NUM_PROCESSES": "4"}, 4),
     (SLURM_STEP | {"SLURM_LOCALID": "3"}, 16),
     ({"SLURM_JOB_ID": "42", "SLURM_NTASKS": "16"}, 1),  # the batch script, outside srun
     ({"OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1", "OMPI_COMM_WORLD_SIZE": "8"}, 8),
+    (OPEN_MPI_5 | {"OMPI_COMM_WORLD_RANK": "1"}, 1),  # JAX's detector reads Open MPI 4 only
     ({"TPU_WORKER_HOSTNAMES": "w-0,w-1,w-2,w-3", "TPU_WORKER_ID": "0"}, 4),
     ({"TPU_WORKER_HOSTNAMES": "w-0,w-1", "MEGASCALE_NUM_SLICES": "2"}, 4)])
 def test_process_count_from_the_launchers_variables(environ, count):
   assert cluster.process_count_from_variables(environ) == count
 
 
-def test_the_sbatch_script_runs_one_task_per_gpu_with_the_clones_python(tmp_path):
+def test_the_sbatch_script_runs_one_task_per_gpu_each_seeing_the_nodes_gpus(tmp_path):
   """scripts/slurm/train.sbatch under a stand-in srun that records what it was asked to run,
   with the variables sbatch sets from the script's #SBATCH lines."""
   (tmp_path / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$PWD" "$@" > "$SRUN_ARGS"\n')
   (tmp_path / "srun").chmod(0o755)
   environ = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_SUBMIT_DIR=str(REPO),
-                 SLURM_NTASKS_PER_NODE="8", SLURM_GPUS_PER_TASK="1", SLURM_CPUS_PER_TASK="8",
+                 SLURM_NTASKS_PER_NODE="8", SLURM_GPUS_PER_NODE="8", SLURM_CPUS_PER_TASK="8",
                  SRUN_ARGS=str(tmp_path / "args"))
   script = os.path.join(REPO, "scripts/slurm/train.sbatch")
   subprocess.run(["bash", script, "configs/big.py", "/shared/runs/big", "--config.seed=2"],
                  cwd=tmp_path, env=environ, check=True)
   assert (tmp_path / "args").read_text().splitlines() == [
-      str(REPO), "--ntasks-per-node=8", "--gpus-per-task=1", "--cpus-per-task=8",
+      str(REPO), "--ntasks-per-node=8", "--gpus-per-node=8", "--cpus-per-task=8",
       "--kill-on-bad-exit=1", ".venv/bin/python", "train.py", "--config=configs/big.py",
       "--workdir=/shared/runs/big", "--config.seed=2"]
   refused = subprocess.run(["bash", script, "configs/big.py"], env=environ, capture_output=True,
                            text=True)
   assert refused.returncode == 2 and "usage: sbatch" in refused.stderr
   directives = re.findall(r"^#SBATCH (\S+)", open(script).read(), re.M)
-  assert "--gpus-per-task=1" in directives and "--signal=TERM@300" in directives
+  # Every GPU of the node visible to every task (NVLink for NCCL), one task per GPU.
+  assert {"--ntasks-per-node=8", "--gpus-per-node=8", "--signal=TERM@300"} <= set(directives)
+  assert not [d for d in directives if d.startswith("--gpus-per-task")]

@@ -1,6 +1,7 @@
 """Every field of every config is read by the code: a field nothing reads would let
 `--config.key=value` silently change nothing (and still take part in the resume check)."""
 import copy
+import os
 import re
 
 import pytest
@@ -91,6 +92,18 @@ def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_valu
       f"{current['dataset']['max_length']}"]
 
 
+def test_data_dir_may_change_on_resume_only_where_the_batches_are_the_same():
+  from aiayn_flax import trainer
+  saved = trainer.config_dict(toy.get_config())
+  current = {**saved, "dataset": {**saved["dataset"], "data_dir": "gs://bucket/tfds"}}
+  assert trainer.resume_conflicts(saved, current, same_batches=True) == []
+  [conflict] = trainer.resume_conflicts(saved, current)
+  assert conflict.startswith("dataset.data_dir: '' -> 'gs://bucket/tfds' (may change where ")
+  changed = {**current, "dataset": {**current["dataset"], "max_length": 7}}
+  assert trainer.resume_conflicts(saved, changed, same_batches=True) == [
+      f"dataset.max_length: {saved['dataset']['max_length']} -> 7"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("override,message", [
     ("--config.num_train_steps=0", "config.num_train_steps=0: must be a positive integer"),
@@ -111,6 +124,24 @@ def test_config_checks_accept_every_shipped_config():
   from aiayn_flax import config_checks
   for config in CONFIGS.values():
     config_checks.check_config(config)  # raises on a bad value
+
+
+def test_the_parallel_text_config_names_its_files_splits_and_languages():
+  from aiayn_flax import config_checks
+  from configs import parallel_text
+  config = parallel_text.get_config("corpus/train.en.gz,corpus/train.de.gz,dev.en,dev.de")
+  config_checks.check_config(config)
+  assert (config.dataset.source_lang, config.dataset.target_lang) == ("en", "de")
+  assert sorted(config.dataset.files) == ["train", "validation"]
+  assert config.dataset.test_split == "validation"  # without test files: evaluate.py on dev
+  assert config.dataset.files["train"] == (os.path.abspath("corpus/train.en.gz"),
+                                           os.path.abspath("corpus/train.de.gz"))
+  config = parallel_text.get_config("a.txt,b.txt,c.txt,d.txt,e.txt,f.txt")
+  assert config.dataset.test_split == "test"
+  assert (config.dataset.source_lang, config.dataset.target_lang) == ("source", "target")
+  with pytest.raises(ValueError, match=r"expected TRAIN_SOURCE,TRAIN_TARGET,DEV_SOURCE,"
+                                       r"DEV_TARGET\[,TEST_SOURCE,TEST_TARGET\] after the colon"):
+    parallel_text.get_config("train.en,train.de")
 
 
 def test_table3_rows_are_scored_as_section_6_2_did():

@@ -184,3 +184,57 @@ def test_srun_tasks_bound_to_one_gpu_each_join_and_ask_for_the_gpu_they_see(tmp_
     moved = re.findall(r"cluster detection \(jax._src.clusters\) is not where it was.*",
                        result.stderr)
     assert len(moved) == (jax_detection == "moved")
+
+
+@pytest.mark.slow
+def test_open_mpi_5_ranks_join_through_the_coordinators_address_or_all_stop_in_one_line(
+    tmp_path):
+  """What Open MPI 5's mpirun sets (OMPI_COMM_WORLD_*, PMIX_*; no OMPI_MCA_orte_hnp_uri, which
+  JAX's detector reads): with JAX_COORDINATOR_ADDRESS given (`mpirun -x`), the 2 ranks join as
+  one run; without it, train.py stops on both ranks in one line naming it, instead of each
+  training alone as "process 0 of 1"."""
+  open_mpi_5 = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                "OMPI_UNIVERSE_SIZE": "2", "PMIX_NAMESPACE": "prterun-localhost-4242@1",
+                "OMPI_MCA_orte_hnp_uri": None}
+  ranks = {i: {"OMPI_COMM_WORLD_RANK": str(i), "OMPI_COMM_WORLD_LOCAL_RANK": str(i),
+               "PMIX_RANK": str(i)} for i in range(2)}
+  joined = launch([*JOIN_LOGGED, "present"], 2, 2, process_env=ranks, env=open_mpi_5 | {
+      "JAX_NUM_PROCESSES": None, "JAX_PROCESS_ID": None})  # the address alone, as -x gives it
+  for index, result in enumerate(joined):
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"joined True process {index} of 2 devices 4" in result.stdout
+  alone = launch([*FLAGS, f"--workdir={tmp_path}"], 2, 2, process_env=ranks,
+                 env=open_mpi_5 | NO_EXPLICIT_COORDINATOR)
+  for result in alone:
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "train.py: error: Open MPI started 2 processes (OMPI_COMM_WORLD_SIZE=2), and JAX cannot "
+        "find their coordinator: set JAX_COORDINATOR_ADDRESS=HOST:PORT for every process (HOST: "
+        "the host of rank 0, PORT: a free port there); each would otherwise train alone "
+        "(docs/MULTI_HOST.md)")
+    assert "process 0 of 1" not in result.stderr
+  assert not tmp_path.joinpath("checkpoints").exists()
+
+
+# Joins, then hides JAX's private distributed module from process_zero (as a JAX release that
+# moved it would), and has process 0 fail at a piece of work the others wait for.
+VERDICT_BY_BROADCAST = ["-c", JOIN[1] + "\n" + "\n".join([
+    "import sys, jax._src",
+    "from aiayn_flax import process_zero",  # (jax's multihost_utils imports it too)
+    "sys.modules['jax._src.distributed'] = None; del jax._src.distributed",
+    "print('read', process_zero.first('a file', lambda: 'made', lambda: 'read'))",
+    "def make(): raise FileNotFoundError('corpus.en: no such file')",
+    "try: process_zero.first('the corpus', make, lambda: 'read')",
+    "except Exception as e: print('stopped:', type(e).__name__, e)"])]
+
+
+@pytest.mark.slow
+def test_process_zeros_verdict_reaches_every_process_without_jaxs_private_client():
+  results = launch(VERDICT_BY_BROADCAST, 2, 1)
+  for index, result in enumerate(results):
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("read made" if index == 0 else "read read") in result.stdout
+    assert ("stopped: FileNotFoundError corpus.en: no such file" if index == 0 else
+            "stopped: ProcessZeroFailed process 0 stopped at the corpus: FileNotFoundError: "
+            "corpus.en: no such file") in result.stdout
+  assert "jax._src.distributed) is not where it was" in results[1].stderr

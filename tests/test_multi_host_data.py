@@ -39,6 +39,7 @@ TOY = ["--config=configs/toy.py", "--config.log_every_steps=10",
        "--config.checkpoint_every_steps=10", "--config.eval_every_steps=1000",
        "--config.dataset.toy_eval_examples=20", "--config.checkpoint_asynchronously=false"]
 DIGEST = re.compile(r"^params_digest: (\w+)$", re.M)
+LOSS = re.compile(r"step (\d+)/\d+: loss ([0-9.]+)")
 
 
 def environment(**extra) -> dict:
@@ -81,12 +82,14 @@ def files_under(folder: pathlib.Path) -> list[str]:
 
 
 def run_processes(args: list[str], processes: int, devices: int, timeout: float = 600,
-                  hosts: pathlib.Path | None = None, args_of: dict | None = None):
+                  hosts: pathlib.Path | None = None, args_of: dict | None = None,
+                  prefix_of: dict | None = None):
   """Runs `python ARGS` as `processes` joined processes of `devices` CPU devices each (one
   process: not joined); [(exit status, stderr + stdout, stdout)] in process order. With
   `hosts`, each process has its own folders there (`host_environment`); `args_of[i]` adds to
-  process i's arguments. Their output goes to files: a pipe left unread while waiting for
-  another process would fill and stop its writer, and the collectives with it."""
+  process i's arguments, `prefix_of[i]` runs its command through another (`without_folder`).
+  Their output goes to files: a pipe left unread while waiting for another process would fill
+  and stop its writer, and the collectives with it."""
   with coordinator_port() as port, tempfile.TemporaryDirectory() as folder:
     started, files = [], []
     for index in range(processes):
@@ -103,7 +106,8 @@ def run_processes(args: list[str], processes: int, devices: int, timeout: float 
       files.append((out, err))
       with out.open("w") as stdout, err.open("w") as stderr:
         started.append(subprocess.Popen(
-            [sys.executable, *args, *(args_of or {}).get(index, [])], cwd=REPO, env=env,
+            [*(prefix_of or {}).get(index, []), sys.executable, *args,
+             *(args_of or {}).get(index, [])], cwd=REPO, env=env,
             stdout=stdout, stderr=stderr))
     try:
       for p in started:
@@ -116,6 +120,13 @@ def run_processes(args: list[str], processes: int, devices: int, timeout: float 
       stdout = out.read_text(encoding="utf-8")
       results.append((p.returncode, err.read_text(encoding="utf-8") + stdout, stdout))
     return results
+
+
+def without_folder(folder: pathlib.Path, empty: pathlib.Path) -> list[str]:
+  """A command prefix that runs a process in its own mount namespace, where `folder` shows the
+  empty folder `empty` (as root): a host whose disk does not hold what another's does."""
+  return ["unshare", "-m", "--propagation", "private", "bash", "-c",
+          f'mount --bind {empty} {folder} && exec "$0" "$@"']
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +175,37 @@ def test_hosts_with_separate_disks_train_evaluate_and_resume_with_the_data_on_ho
   assert not [path for path in files_under(hosts / "host1")
               if re.search(r"multi30k|downloads|\.gz$|tfrecord", path)], files_under(
                   hosts / "host1")
+
+
+@pytest.mark.slow
+def test_a_corpus_on_host_zero_alone_trains_on_two_hosts_as_on_one(shared_data, hosts, tmp_path):
+  """A user's own parallel text (configs/parallel_text.py) on host 0's disk alone: host 1 runs
+  in its own mount namespace, where that folder is empty. The 2 x 4 devices train with host 0's
+  token cache key, to the loss of 1 process x 8 devices."""
+  from aiayn_flax.data import text_files
+  corpus, empty = tmp_path / "host0_disk", tmp_path / "empty"
+  corpus.mkdir()
+  empty.mkdir()
+  for stem, name, count in (("train", "train", 1000), ("val", "dev", 40)):
+    for language in ("en", "de"):
+      lines = text_files.read_lines(str(shared_data / "multi30k" / f"{stem}.{language}.gz"))
+      (corpus / f"{name}.{language}").write_text("".join(f"{line}\n" for line in lines[:count]),
+                                                 "utf-8")
+  files = ",".join(str(corpus / f"{name}.{language}") for name in ("train", "dev")
+                   for language in ("en", "de"))
+  flags = [f"--config=configs/parallel_text.py:{files}", "--config.device=cpu",
+           *TINY_MULTI30K[1:]]
+  two = run_processes(["train.py", f"--workdir={tmp_path / 'two'}", *flags], 2, 4, hosts=hosts,
+                      prefix_of={1: without_folder(corpus, empty)})
+  one = run_processes(["train.py", f"--workdir={tmp_path / 'one'}", *flags], 1, 8)
+  assert [status for status, _, _ in two + one] == [0, 0, 0], two[1][1][-3000:]
+  assert "token ids read from" in two[1][1] and "SentencePiece" not in two[1][1]
+  curves = [[(int(step), float(loss)) for step, loss in LOSS.findall(output)]
+            for _, output, _ in (two[0], one[0])]
+  assert [step for step, _ in curves[0]] == [2, 4] == [step for step, _ in curves[1]]
+  # (logged to 3 decimals; the sums of 2 processes and of 1 differ in their last bits)
+  assert max(abs(a - b) for (_, a), (_, b) in zip(*curves)) <= 1.5e-3, curves
+  assert DIGEST.findall(two[0][1]) == DIGEST.findall(two[1][1]) != []
 
 
 def error_lines(output: str) -> list[str]:
@@ -260,6 +302,32 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
   assert printed == [(one / f"{name}.hyp").read_text(), ""]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["translate.py", "evaluate.py"])
+def test_an_input_process_zero_cannot_read_stops_every_process_at_once_naming_it(toy_run,
+                                                                                 tmp_path,
+                                                                                 script):
+  """translate.py --input, evaluate.py --src_file on 2 processes, the file mistyped: both stop
+  within a minute, each in one line naming the file, before any model is loaded (not process 0
+  alone, the other left waiting in a broadcast until JAX's timeouts)."""
+  _, workdir, _ = toy_run
+  missing = tmp_path / "tset.en"
+  flags, flag, what = (([f"--input={missing}"], f"--input={missing}",
+                        f"--input={missing}: No such file or directory")
+                       if script == "translate.py" else
+                       ([f"--src_file={missing}", f"--ref_file={missing}"], "--src_file/--ref_file",
+                        f"{missing}: no such file"))
+  started = time.time()
+  results = run_processes([script, f"--workdir={workdir}", *flags], 2, 1, timeout=120)
+  assert time.time() - started < 60
+  for index, (status, output, _) in enumerate(results):
+    assert status == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    [line] = [line for line in output.splitlines() if line.startswith(f"{script}: error")]
+    assert line == f"{script}: error: " + (
+        "" if index == 0 else f"process 0 stopped at {flag}: FileNotFoundError: ") + what
+
+
 def without_gloo_lines(stdout: str) -> str:
   """stdout less gloo's own lines on the CPU test bed (written from C++, they can land inside a
   line Python is writing, or inside one another)."""
@@ -336,7 +404,29 @@ def test_a_second_trainer_on_a_workdir_in_use_refuses_and_a_killed_runs_lease_do
   assert DIGEST.findall(resumed.stdout) == DIGEST.findall(alone.stdout) != []
 
 
-def test_a_lease_from_another_host_blocks_until_its_heartbeat_is_stale(tmp_path):
+@pytest.mark.slow
+def test_of_two_trainers_started_in_the_same_second_on_one_workdir_exactly_one_trains(tmp_path):
+  workdir = tmp_path / "run"
+  trainers = [start_toy(workdir, 100_000) for _ in range(2)]
+  try:
+    refused = None
+    while refused is None:  # the one refused exits; the other trains on, until killed here
+      refused = next((t for t in trainers if t.poll() is not None), None)
+      time.sleep(0.5)
+    [training] = [t for t in trainers if t is not refused]
+    wait_for_line(training, r"step 10/")
+  finally:
+    for trainer in trainers:
+      trainer.kill()
+      trainer.wait()
+  output = refused.stdout.read()
+  assert refused.returncode == 1, output[-3000:]
+  assert re.search(rf"^train\.py: error: {re.escape(str(workdir))} is in use by the run started "
+                   rf".* pid {training.pid} ", output, re.M), output[-3000:]
+
+
+def test_a_lease_from_another_host_blocks_until_its_heartbeat_is_stale(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir_lease, "SETTLE_SECONDS", 0.1)  # one taker here: no race
   path = tmp_path / workdir_lease.LEASE_FILENAME
   now = time.time()
   other = {"host": "another-host", "pid": os.getpid(), "run": "x", "started": "then",
@@ -368,7 +458,8 @@ def test_a_killed_run_not_yet_reaped_holds_no_lease():
     child.wait()
 
 
-def test_a_lease_in_a_bucket_refuses_a_second_run(emulated_gcs):  # noqa: F811
+def test_a_lease_in_a_bucket_refuses_a_second_run(emulated_gcs, monkeypatch):  # noqa: F811
+  monkeypatch.setattr(workdir_lease, "SETTLE_SECONDS", 0.1)  # one taker at a time: no race
   from etils import epath
   workdir = "gs://bucket/leased"
   lease = workdir_lease.take(workdir)

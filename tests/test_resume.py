@@ -149,7 +149,8 @@ def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_ch
     np.testing.assert_array_equal(a, b)  # the skipped updates changed nothing, and saved no NaN
 
 
-def test_resuming_with_a_different_model_is_refused_with_the_field_named(tmp_path):
+def test_resuming_with_a_different_model_is_refused_with_the_field_named_and_data_dir_is_not(
+    tmp_path):
   config = toy.get_config()
   config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 5, 1000
   config.dataset.toy_eval_examples = 10
@@ -158,6 +159,8 @@ def test_resuming_with_a_different_model_is_refused_with_the_field_named(tmp_pat
   with pytest.raises(ValueError, match=r"model\.d_ff: 128 -> 256.*--force_resume"):
     trainer.train_and_evaluate(config, str(tmp_path))
   config.model.d_ff = 128  # logging and step counts may change
+  # and where the data is prepared, since the batches (the checkpoint's plan) are the same
+  config.dataset.data_dir = str(tmp_path / "prepared_elsewhere")
   assert trainer.train_and_evaluate(config, str(tmp_path))["step"] == 10
 
 

@@ -153,3 +153,29 @@ def test_bfloat16_training_lowers_a_finite_loss_and_keeps_float32_parameters():
   assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
   logits = model.apply({"params": state.params}, batches[0]["inputs"], batches[0]["targets"])
   assert logits.dtype == jnp.float32  # softmax and loss in float32
+
+
+def test_a_validation_decode_leaves_no_copy_of_the_parameters_on_the_devices(tmp_path):
+  """Training's validation BLEU places the parameters whole on every device to decode; that
+  copy is dropped afterwards, or it would hold a whole model on each device through training
+  (undoing what FSDP or a `model` axis saves)."""
+  import gc
+  from aiayn_flax import tasks, train_step, trainer
+  from aiayn_flax.data import pipeline, source_text
+  from aiayn_flax.translator import Translator
+  from configs import toy
+  config = toy.get_config()
+  model, task = train_step.make_model(config), tasks.for_config(config)
+  params = jax.device_get(train_step.init_params(model, 0))  # on the host, as checkpoints are
+  translator = Translator(model, None, pipeline.vocabulary_for(config, str(tmp_path), task),
+                          beam_size=1, extra_length=config.decode_extra_length, batch_size=8)
+  sources, references = (lines[:8] for lines in source_text.text_pairs(config, "validation"))
+
+  def device_bytes():
+    gc.collect()
+    return sum(x.nbytes for x in jax.live_arrays())
+  before = device_bytes()
+  trainer.evaluate_translations(translator, params, sources, references, task)
+  assert translator.params is None
+  model_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  assert device_bytes() - before < model_bytes / 2

@@ -88,6 +88,22 @@ def test_wmt14_batches_are_english_to_german_within_the_token_budget(mocked_wmt1
   assert seen == len(english)  # max_length 128 keeps every pair (at most 19 words)
 
 
+def test_a_trained_runs_vocabulary_is_read_without_preparing_any_dataset(mocked_wmt14, tmp_path,
+                                                                        monkeypatch):
+  """evaluate.py and translate.py read a run's vocabulary where its WMT14 is not prepared (a
+  laptop with the workdir, a host whose data_dir is another): no download, no preparing."""
+  from aiayn_flax import run_dir
+  config = small_wmt14_config()
+  trained = pipeline.vocabulary_for(config, str(tmp_path), tasks.for_config(config))
+
+  def no_preparing(dataset):
+    raise AssertionError(f"prepared {dataset.name} to read a vocabulary")
+  monkeypatch.setattr(source_text, "prepare", no_preparing)
+  config.dataset.data_dir = str(tmp_path / "nothing_prepared_here")
+  vocab = run_dir.load_vocabulary(str(tmp_path), config)
+  assert vocab.model_path == trained.model_path and vocab.vocab_size == 300
+
+
 def test_vocabulary_sample_streams_a_seeded_uniform_draw_of_both_sides(mocked_wmt14):
   config = small_wmt14_config()
   sample = pipeline.vocabulary_sample(config, tasks.for_config(config))

@@ -1,17 +1,26 @@
 """The workdir's lease after a restart: a container's new trainer often has the pid its previous
 incarnation had, and a pid can be reused by an unrelated process. The refusal of a live second
-run and the resumption after a kill are in test_multi_host_data.py."""
+run and the resumption after a kill are in test_multi_host_data.py; runs racing for one
+workdir, containers sharing a hostname, and a lease taken over while held are here."""
 import json
 import os
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from aiayn_flax import workdir_lease
 from conftest import REPO
+
+
+@pytest.fixture(autouse=True)
+def quick_settling(monkeypatch):
+  """A lease taken over is read back after SETTLE_SECONDS (2 s): a tenth of a second is ample
+  for these tests' one taker (the race below has its own processes)."""
+  monkeypatch.setattr(workdir_lease, "SETTLE_SECONDS", 0.1)
 
 
 def a_lease(**fields) -> dict:
@@ -103,3 +112,74 @@ def test_a_trainer_restarted_with_its_previous_pid_takes_its_lease_over(tmp_path
   assert f", pid {process.pid} (last heartbeat " in err
   assert f"this run's lease (host {socket.gethostname()}, pid {process.pid})" in err
   assert not (workdir / workdir_lease.LEASE_FILENAME).exists()
+
+
+@pytest.mark.parametrize("field", ["pid_namespace", "boot_id"])
+def test_a_pid_from_another_namespace_or_boot_is_judged_by_its_heartbeat(tmp_path, field):
+  """Two containers with host networking share the hostname and boot id, not the pids (both
+  trainers may be pid 1: this pid here); a replacement pod that kept its hostname runs on
+  another node (another boot id). Their pid says nothing here: a fresh heartbeat holds."""
+  elsewhere = a_lease(heartbeat=time.time(), **{field: "elsewhere"})
+  with pytest.raises(workdir_lease.WorkdirInUse, match=rf"pid {os.getpid()} "):
+    take_after(tmp_path, elsewhere)
+  stale = elsewhere | {"heartbeat": time.time() - workdir_lease.STALE_SECONDS - 1}
+  assert take_after(tmp_path, stale)["run"] != "earlier"
+
+
+def test_a_renewal_that_finds_another_runs_lease_stops_and_leaves_it(tmp_path, monkeypatch):
+  monkeypatch.setattr(workdir_lease, "HEARTBEAT_SECONDS", 0.05)
+  lease = workdir_lease.take(tmp_path)
+  try:
+    other = a_lease(run="the run that took it over", pid=1, heartbeat=time.time())
+    lease.path.write_text(json.dumps(other))
+    assert lease.lost.wait(10)
+    assert json.loads(lease.path.read_text()) == other
+  finally:
+    lease.release()
+  assert json.loads(lease.path.read_text()) == other  # release removes only its own
+
+
+# A process that takes the lease of each workdir at the instant given for it (the same for
+# every process: each round a race), says whether it got it, and holds what it got until every
+# process has tried every round. (The settling time shortened: a read and a write on a local
+# disk take far less.)
+TAKE_AT = textwrap.dedent("""
+    import sys, time
+    from aiayn_flax import workdir_lease
+    workdir_lease.SETTLE_SECONDS = 0.3
+    held = []
+    for at, workdir in zip(sys.argv[1::2], sys.argv[2::2]):
+      time.sleep(max(0, float(at) - time.time()))
+      try:
+        held.append(workdir_lease.take(workdir))
+        print("took it", flush=True)
+      except workdir_lease.WorkdirInUse as e:
+        print("refused:", e, flush=True)
+    time.sleep(max(0, float(at) + 2 - time.time()))
+    for lease in held:
+      lease.release()
+    """)
+
+
+@pytest.mark.slow
+def test_of_processes_taking_the_lease_at_the_same_instant_exactly_one_gets_it(tmp_path):
+  """Rounds of 2 processes racing for a workdir: with no lease there (created exclusively), and
+  with a stopped run's lease to take over (written, then read back after the settling time)."""
+  rounds = []
+  for attempt in range(3):
+    for before in ("no lease", "a stopped run's lease"):
+      workdir = tmp_path / f"{attempt}-{before.replace(' ', '_')}"
+      workdir.mkdir()
+      if before != "no lease":  # from another host, its heartbeat stale: to be taken over
+        (workdir / workdir_lease.LEASE_FILENAME).write_text(json.dumps(a_lease(
+            host="another-host", heartbeat=time.time() - workdir_lease.STALE_SECONDS - 1)))
+      rounds.append(workdir)
+  first = time.time() + 5  # after both have imported
+  schedule = [str(arg) for i, workdir in enumerate(rounds) for arg in (first + 0.6 * i, workdir)]
+  processes = [subprocess.Popen([sys.executable, "-c", TAKE_AT, *schedule], cwd=REPO,
+                                env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                                stdout=subprocess.PIPE, text=True) for _ in range(2)]
+  outcomes = [p.communicate(timeout=120)[0].splitlines() for p in processes]
+  for workdir, results in zip(rounds, zip(*outcomes)):
+    assert sorted(result.split(":")[0] for result in results) == ["refused", "took it"], (
+        workdir.name, results)

@@ -32,15 +32,17 @@ VOCAB_FILENAME = "vocab.model"
 def vocabulary_for(config, workdir: str, task):
   """The run's shared vocabulary: loaded from the workdir, or trained on the training split.
   With several processes, process 0 prepares the data and trains it while the others wait,
-  then they read it (process_zero.first): one process writes WORKDIR/vocab.model."""
+  then they read it (process_zero.first): one process writes WORKDIR/vocab.model. A workdir's
+  vocabulary is read without preparing any dataset (evaluate.py and translate.py on a trained
+  run need none, and may run where the run's data_dir is not prepared)."""
   if config.dataset.name == "toy_reverse":
     return toy.SymbolVocabulary(config.model.vocab_size)
   path = str(paths.workdir_path(workdir) / VOCAB_FILENAME)
 
   def make():
-    task.prepare_data(config)
     if epath.Path(path).exists():
       return read()
+    task.prepare_data(config)
     sentences = vocabulary_sample(config, task)
     logging.info("Training a %d-piece %s vocabulary on %d sentences", config.model.vocab_size,
                  config.dataset.vocab_model_type, len(sentences))

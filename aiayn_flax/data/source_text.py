@@ -63,8 +63,8 @@ def text_pair_chunks(config, split: str, chunk_pairs: int = CHUNK_PAIRS) -> Text
 def prepare(dataset) -> str:
   """Downloads and prepares a tfds dataset into its data_dir unless it is there already (the
   local datasets need nothing), and says which. A multi-host run calls it on process 0 alone,
-  before the others read the dataset (pipeline.vocabulary_for); `train.py --prepare_data`
-  alone."""
+  before the others read the dataset (pipeline.vocabulary_for, tokenized.split_ids);
+  `train.py --prepare_data` alone."""
   if not is_tfds(dataset):
     return f"{dataset.name}: read from its files, nothing to prepare"
   process_zero.require_process_zero(f"{dataset.name} (download and prepare)")

@@ -3,7 +3,9 @@
 Tokenized splits are cached beside the vocabulary (WORKDIR/tokenized/*.npz: token ids +
 offsets), keyed by the vocabulary file, the dataset, the split, max_length and the fields the
 task names as changing the ids (`task.cache_key_fields`: a parser's tree leaves and treebank),
-so that later runs and restarts skip tokenization and a changed field tokenizes again. The tokenizer works chunk by chunk on the streamed text.
+so that later runs and restarts skip tokenization and a changed field tokenizes again. The
+tokenizer works chunk by chunk on the streamed text. On several hosts the key is process 0's:
+of a user's own corpus it holds the files' paths, sizes and times as process 0 sees them.
 """
 import dataclasses
 import hashlib
@@ -74,16 +76,22 @@ def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
   else tokenized chunk by chunk and cached. With several processes, process 0 tokenizes and
   writes the cache while the others wait, then they read it (process_zero.first). (The toy
   task's vocabulary has no file, and no cache: its pairs are generated in a moment.)"""
-  path, key = _cache_path_and_key(config, vocab, split, task)
+  name = f"{config.dataset.name}/{split}"
+  # Process 0's key, on every host: it names the corpus files as process 0 sees them (the
+  # other hosts' disks may not hold them at all).
+  path, key = process_zero.read_once(
+      f"token cache key of {name}",
+      lambda: [str(p) if p else None for p in _cache_path_and_key(config, vocab, split, task)])
   if not path:
     return _tokenize(config, vocab, split, task)
-  name = f"{config.dataset.name}/{split}"
+  path = epath.Path(path)
 
   def make():
     cached = _read_tokenized(path, key)
     if cached is not None:
       logging.info("%s: token ids read from %s", name, path)
       return cached
+    task.prepare_data(config)  # (the vocabulary may have been read without it)
     ids = _tokenize(config, vocab, split, task)
     _write_tokenized(path, key, ids)
     logging.info("%s: token ids built by process %d of %d", name, jax.process_index(),

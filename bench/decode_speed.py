@@ -83,7 +83,7 @@ def compare_devices(config, model, params, vocab, sources, batch_size) -> None:
 
 def profile_passes(translators, sources) -> None:
   """Where a pass of each search spends its time, by op category, and its decoding steps (the
-  calls of the output layer's matmul, one per step)."""
+  calls of the output layer's matmul, one per step and batch)."""
   import jax.numpy as jnp
 
   from bench import profile_step
@@ -97,11 +97,10 @@ def profile_passes(translators, sources) -> None:
     start = time.perf_counter()
     seconds, counts = profile_step.thunk_seconds(lambda t=translator: t.translate(sources))
     elapsed = time.perf_counter() - start
-    steps = max((count for name, count in counts.items() if "attend" in lines.get(name, "")),
-                default=0)
+    steps = sum(count for name, count in counts.items() if "attend" in lines.get(name, ""))
     per_category = profile_step.by_category(seconds, lines)
     print(f"\nbeam {beam_size}: {len(sources)} sentences, {elapsed:.2f} s traced, {steps} "
-          f"decoding steps over {len(shapes)} batch shape(s), traced thunks "
+          f"decoding steps (summed over batches) in {len(shapes)} batch shape(s), traced thunks "
           f"{sum(per_category.values()):.2f} s\n| category | s per pass | share |\n|---|---:|---:|")
     for name, time_ in per_category.most_common():
       print(f"| {name} | {time_:.3f} | {time_ / sum(per_category.values()):.1%} |")

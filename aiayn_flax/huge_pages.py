@@ -65,8 +65,8 @@ def restart_with_huge_pages() -> None:
 
 def describe() -> str:
   """One line for a run's log: whether malloc uses huge pages, and why not."""
-  if "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""):
-    return ("host buffers on transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1): "
+  if TUNABLE in os.environ.get("GLIBC_TUNABLES", "").split(":"):
+    return (f"host buffers on transparent huge pages (GLIBC_TUNABLES={TUNABLE}): "
             "fewer page faults per step")
   mode = transparent_huge_page_mode() or "unknown"
   return f"host buffers on the kernel's default pages (transparent huge pages: {mode})"

@@ -81,7 +81,7 @@ def compare_devices(config, model, params, vocab, sources, batch_size) -> None:
           f"(median of {' '.join(f'{r:.2f}' for r in ratios)}), the same translations")
 
 
-def profile_passes(translators, sources) -> None:
+def profile_passes(translators, sources, vocab_size: int) -> None:
   """Where a pass of each search spends its time, by op category, and its decoding steps (the
   calls of the output layer's matmul, one per step and batch)."""
   import jax.numpy as jnp
@@ -98,7 +98,7 @@ def profile_passes(translators, sources) -> None:
     seconds, counts = profile_step.thunk_seconds(lambda t=translator: t.translate(sources))
     elapsed = time.perf_counter() - start
     steps = sum(count for name, count in counts.items() if "attend" in lines.get(name, ""))
-    per_category = profile_step.by_category(seconds, lines)
+    per_category = profile_step.by_category(seconds, lines, vocab_size)
     print(f"\nbeam {beam_size}: {len(sources)} sentences, {elapsed:.2f} s traced, {steps} "
           f"decoding steps (summed over batches) in {len(shapes)} batch shape(s), traced thunks "
           f"{sum(per_category.values()):.2f} s\n| category | s per pass | share |\n|---|---:|---:|")
@@ -139,7 +139,7 @@ def main(argv):
       outputs = {beam_size: translator.translate(sources)  # compiles every shape
                  for beam_size, translator in translators.items()}
       if FLAGS.profile:
-        profile_passes(translators, sources)
+        profile_passes(translators, sources, config.model.vocab_size)
         continue
       seconds = {beam_size: [] for beam_size in BEAM_SIZES}
       for _ in range(FLAGS.repeats):

@@ -72,8 +72,9 @@ def hlo_instructions(hlo_text: str) -> dict[str, str]:
   return lines
 
 
-def category(name: str, lines: dict[str, str]) -> str:
-  """What an instruction is, by its HLO: the categories of the profile's table."""
+def category(name: str, lines: dict[str, str], vocab_size: int) -> str:
+  """What an instruction is, by its HLO: the categories of the profile's table (an output
+  whose last axis is the vocabulary belongs to the output layer)."""
   line = lines.get(name, "")
   called = re.search(r"calls=%?([\w.\-]+)", line)
   inside = lines.get("computation:" + called.group(1), "") if called else ""
@@ -91,7 +92,8 @@ def category(name: str, lines: dict[str, str]) -> str:
     return "scatter"
   if "gather" in name or " gather(" in inside or " gather(" in line:
     return "gather"
-  if "attend" in source or "37000" in line or "log_softmax" in source or "logsumexp" in source:
+  over_vocabulary = re.search(rf"^\s+%?[\w.\-]+ = \w+\[[\d,]*\b{vocab_size}\]", line)
+  if "attend" in source or over_vocabulary or "log_softmax" in source or "logsumexp" in source:
     return "output layer: softmax and loss (elementwise)"
   if re.search(r"\b(copy|transpose)\(", line) or name.startswith(("copy", "transpose")):
     return "copies and transposes"
@@ -120,10 +122,11 @@ def thunk_seconds(run) -> tuple[collections.Counter, collections.Counter]:
   return seconds, counts
 
 
-def by_category(seconds: collections.Counter, lines: dict[str, str]) -> collections.Counter:
+def by_category(seconds: collections.Counter, lines: dict[str, str],
+                vocab_size: int) -> collections.Counter:
   per_category = collections.Counter()
   for name, time in seconds.items():
-    per_category[category(name, lines)] += time
+    per_category[category(name, lines, vocab_size)] += time
   return per_category
 
 
@@ -161,8 +164,10 @@ def profile_peer(python: str, config, batch: int, length: int) -> str:
 def main(argv):
   del argv
   print(f"machine: {train_speed.cpu_model()}, {os.cpu_count()} CPUs, jax {jax.__version__}")
+  config, (batch, length) = train_speed.size_config(FLAGS.size)
+  vocab_size = config.model.vocab_size
   seconds, per_name, lines, faults, kernel = trace_ours(FLAGS.size, FLAGS.steps)
-  per_category = by_category(per_name, lines)
+  per_category = by_category(per_name, lines, vocab_size)
   traced = sum(per_category.values())
   print(f"\nours, {FLAGS.size}: {seconds * 1000:.0f} ms per step (untraced), {faults:.0f} page "
         f"faults and {kernel:.2f} s of kernel time per step; traced thunks "
@@ -175,10 +180,9 @@ def main(argv):
           "|---|---|---:|---|")
     for name, time in per_name.most_common(FLAGS.top):
       source = re.search(r'op_name="([^"]*)"', lines.get(name, ""))
-      print(f"| {name} | {category(name, lines)} | {time * 1000:.1f} | "
+      print(f"| {name} | {category(name, lines, vocab_size)} | {time * 1000:.1f} | "
             f"{source.group(1)[-70:] if source else ''} |")
   if FLAGS.torch_python:
-    config, (batch, length) = train_speed.size_config(FLAGS.size)
     print(f"\nPyTorch eager, {FLAGS.size}, self CPU time over {FLAGS.steps} steps:\n")
     print(profile_peer(FLAGS.torch_python, config, batch, length))
 

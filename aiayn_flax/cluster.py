@@ -105,6 +105,12 @@ class Launch:
   variables: str  # the variables read, as NAME=value, for messages
 
 
+def inside_srun(environ: Mapping[str, str]) -> bool:
+  """Whether srun started this process (the variables JAX's SLURM detector reads as well)."""
+  return all(name in environ for name in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
+                                          "SLURM_PROCID", "SLURM_LOCALID"))
+
+
 def launched_by(environ: Mapping[str, str]) -> Launch | None:
   """The launcher that started this process, from its public variables, or None where none
   did: SLURM's srun (SLURM_NTASKS, SLURM_PROCID), Open MPI 4 and 5 (OMPI_COMM_WORLD_SIZE,
@@ -115,8 +121,7 @@ def launched_by(environ: Mapping[str, str]) -> Launch | None:
     shown = count_variable or rank_variable  # the same line on every process where it can
     return Launch(name, int(environ[count_variable]) if count_variable else None,
                   int(environ.get(rank_variable, "0")), f"{shown}={environ[shown]}")
-  if all(name in environ for name in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
-                                      "SLURM_PROCID", "SLURM_LOCALID")):  # inside srun
+  if inside_srun(environ):
     return read("SLURM", "SLURM_NTASKS", "SLURM_PROCID")
   if environ.get("OMPI_COMM_WORLD_SIZE"):
     return read("Open MPI", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
@@ -212,8 +217,7 @@ def process_count_from_variables(environ: Mapping[str, str]) -> int | None:
   """How many processes JAX's own detectors would find, from the variables they read (1 where
   none applies); None on a Cloud TPU VM without them (its workers are listed in its metadata
   only). (`launched_by` reads the launchers JAX does not know.)"""
-  if all(name in environ for name in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
-                                      "SLURM_PROCID", "SLURM_LOCALID")):  # inside srun
+  if inside_srun(environ):
     return int(environ["SLURM_NTASKS"])
   if environ.get("OMPI_MCA_orte_hnp_uri") and environ.get("OMPI_COMM_WORLD_SIZE"):
     return int(environ["OMPI_COMM_WORLD_SIZE"])  # Open MPI 4 (JAX's detector: not 5)

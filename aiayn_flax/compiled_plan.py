@@ -312,7 +312,8 @@ def _compile_decoding(name, config, model, params, placement, *, beam_size: int,
   rows = -(-rows // devices) * devices
   constraint = tasks.for_config(config).stand_in_decoding_constraint(config.model.vocab_size)
   decode_fn = translator.make_decode_fn(model, beam_size, config.length_penalty_alpha,
-                                        config.decode_extra_length, constraint_for=constraint)
+                                        config.decode_extra_length, constraint_for=constraint,
+                                        devices=devices)
   params = _abstract(params, placement[0])
   sources = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement[1])
   return _compile(name, f"{rows}x{length}", decode_fn, (params, sources), num_devices)

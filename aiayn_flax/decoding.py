@@ -24,7 +24,9 @@ grow it (`CacheStages`): the search then runs one loop per stage, and between st
 
 The searches run a fixed number of rows every step (static shapes under `jax.jit`), so rows
 that have nothing left to say are still fed a token: PAD for finished rows in greedy search, an
-arbitrary token for empty beams. Their logits are ignored.
+arbitrary token for empty beams. Their logits are ignored. With `Compaction`, a search goes on
+with the sentences not yet done alone once few are left: rows are decoded independently, so
+the results are the same, and the batch's longest sentences no longer carry the rest.
 
 Conventions shared by both searches:
 
@@ -124,6 +126,71 @@ def _while_loop_in_stages(not_done, body, state, stages: CacheStages | None,
     state = lax.while_loop(lambda s, length=length: not_done(s) & (s.step < length), body,
                            state)
   return state
+
+
+class Compaction(NamedTuple):
+  """Once at most `rows` sentences of a batch of B are not done, the search gathers those into
+  a batch of `rows` sentences and runs the remaining steps on it alone (with the cache at its
+  full length). In a batch sorted by source length the outputs still differ in length: on
+  Multi30k's test2016 at B = 64, a third of the row-steps decode sentences that have ended.
+  Each cache leaf holds the B sentences on its leading axis (B rows, or B * K: K per
+  sentence); scalar leaves are shared."""
+  rows: int  # static
+  # sentence indices int32[rows] -> the model's step for those sentences alone (what it reads
+  # besides the cache, e.g. the encoder's output, gathered).
+  tokens_to_logits_for: Callable[[jax.Array], TokensToLogits]
+
+
+def _rows_of_sentences(tree, sentences: jax.Array, batch_size: int):
+  """The rows of `sentences` (int32[S]) in each leaf whose leading axis holds batch_size
+  sentences (one row or several per sentence); scalar leaves untouched."""
+  def gather(leaf):
+    if jnp.ndim(leaf) == 0:
+      return leaf
+    per_sentence = _per_sentence(leaf, batch_size)
+    return per_sentence[sentences].reshape(-1, *leaf.shape[1:])
+  return jax.tree.map(gather, tree)
+
+
+def _with_rows_of_sentences(tree, part, sentences: jax.Array, batch_size: int):
+  """`tree` with the rows of `sentences` replaced by `part`'s (as _rows_of_sentences gave
+  them); scalar leaves are part's."""
+  def scatter(leaf, new):
+    if jnp.ndim(leaf) == 0:
+      return new
+    per_sentence = _per_sentence(leaf, batch_size)
+    new = new.reshape(sentences.shape[0], *per_sentence.shape[1:])
+    return per_sentence.at[sentences].set(new).reshape(leaf.shape)
+  return jax.tree.map(scatter, tree, part)
+
+
+def _per_sentence(leaf, batch_size: int):
+  rows, remainder = divmod(leaf.shape[0], batch_size)
+  if remainder or not rows:
+    raise ValueError(f"a decoding state leaf of shape {leaf.shape} does not hold "
+                     f"{batch_size} sentences on its leading axis")
+  return leaf.reshape(batch_size, rows, *leaf.shape[1:])
+
+
+def _run_search(make_loop, state, last_steps, tokens_to_logits, stages: CacheStages | None,
+                max_decode_len: int, cache_field: str, compaction: Compaction | None):
+  """Runs a search's loop to its end. make_loop(tokens_to_logits, last_steps) -> (not_done,
+  body, sentence_done) for a batch of those sentences; the result is the final state (its
+  cache left out when compacted)."""
+  batch_size = last_steps.shape[0]
+  not_done, body, sentence_done = make_loop(tokens_to_logits, last_steps)
+  if compaction is None or not 0 < compaction.rows < batch_size:
+    return _while_loop_in_stages(not_done, body, state, stages, max_decode_len, cache_field)
+  rows = compaction.rows
+  many_left = lambda s: not_done(s) & (jnp.sum(~sentence_done(s)) > rows)  # noqa: E731
+  state = _while_loop_in_stages(many_left, body, state, stages, max_decode_len, cache_field)
+  # Every stage's grow has run: the cache is full length. Sentences not done come first.
+  left = jnp.argsort(sentence_done(state), stable=True)[:rows].astype(jnp.int32)  # [rows]
+  not_done, body, _ = make_loop(compaction.tokens_to_logits_for(left), last_steps[left])
+  part = lax.while_loop(not_done, body, _rows_of_sentences(state, left, batch_size))
+  no_cache = {cache_field: None}
+  return _with_rows_of_sentences(state._replace(**no_cache), part._replace(**no_cache), left,
+                                 batch_size)
 
 
 def top_k_by_chunks(x: jax.Array, k: int, chunk: int = 64) -> tuple[jax.Array, jax.Array]:
@@ -249,7 +316,8 @@ class _GreedyState(NamedTuple):
 def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax.Array,
                   max_decode_len: int, bos_id: int, eos_id: int,
                   cache_stages: CacheStages | None = None,
-                  constrain_log_probs: ConstrainLogProbs | None = None) -> jax.Array:
+                  constrain_log_probs: ConstrainLogProbs | None = None,
+                  compaction: Compaction | None = None) -> jax.Array:
   """Picks the most likely token at every step (by `constrain_log_probs`, if given).
 
   Args:
@@ -260,35 +328,40 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: j
     bos_id, eos_id: token ids fed first / ending a sentence.
     cache_stages: grow the cache as decoding goes on (see CacheStages); None: it is full size.
     constrain_log_probs: see ConstrainLogProbs (called with K = 1); None: the model's.
+    compaction: go on with the unfinished rows alone once few are left (see Compaction;
+      not with constrain_log_probs, which reads the whole batch's inputs).
 
   Returns:
     int32[B, max_decode_len]: the generated tokens, EOS included, PAD after it. The loop stops
     as soon as every row has emitted EOS.
   """
   batch_size = jnp.shape(max_lengths)[0]
-  last_steps = _last_allowed_steps(max_lengths, max_decode_len)  # [B]
+  if compaction is not None and constrain_log_probs is not None:
+    raise ValueError("greedy_decode: compaction cannot gather a constraint's inputs")
 
-  def not_done(state: _GreedyState):
-    return (state.step < max_decode_len) & ~jnp.all(state.finished)
+  def make_loop(tokens_to_logits, last_steps):
+    def not_done(state: _GreedyState):
+      return (state.step < max_decode_len) & ~jnp.all(state.finished)
 
-  def decode_one_token(state: _GreedyState) -> _GreedyState:
-    logits, cache = tokens_to_logits(state.last_ids[:, None], state.cache)  # [B, V]
-    if constrain_log_probs is not None:
-      must_end = (state.step >= last_steps)[:, None, None]  # [B, 1, 1]
-      logits = _constrained(jax.nn.log_softmax(logits.astype(jnp.float32))[:, None],
-                            constrain_log_probs, state.sequences[:, None], state.step,
-                            must_end, eos_id)[:, 0]  # [B, V]
-    next_ids = argmax_by_chunks(logits).astype(jnp.int32)  # [B]
-    next_ids = jnp.where(state.step >= last_steps, eos_id, next_ids)  # [B]: forced EOS
-    next_ids = jnp.where(state.finished, PAD_ID, next_ids)  # [B]: nothing after EOS
-    sequences = lax.dynamic_update_index_in_dim(
-        state.sequences, next_ids, state.step, axis=1)  # [B, L]
-    return _GreedyState(
-        step=state.step + 1,
-        last_ids=next_ids,
-        sequences=sequences,
-        finished=state.finished | (next_ids == eos_id),
-        cache=cache)
+    def decode_one_token(state: _GreedyState) -> _GreedyState:
+      logits, cache = tokens_to_logits(state.last_ids[:, None], state.cache)  # [B, V]
+      if constrain_log_probs is not None:
+        must_end = (state.step >= last_steps)[:, None, None]  # [B, 1, 1]
+        logits = _constrained(jax.nn.log_softmax(logits.astype(jnp.float32))[:, None],
+                              constrain_log_probs, state.sequences[:, None], state.step,
+                              must_end, eos_id)[:, 0]  # [B, V]
+      next_ids = argmax_by_chunks(logits).astype(jnp.int32)  # [B]
+      next_ids = jnp.where(state.step >= last_steps, eos_id, next_ids)  # [B]: forced EOS
+      next_ids = jnp.where(state.finished, PAD_ID, next_ids)  # [B]: nothing after EOS
+      sequences = lax.dynamic_update_index_in_dim(
+          state.sequences, next_ids, state.step, axis=1)  # [B, L]
+      return _GreedyState(
+          step=state.step + 1,
+          last_ids=next_ids,
+          sequences=sequences,
+          finished=state.finished | (next_ids == eos_id),
+          cache=cache)
+    return not_done, decode_one_token, lambda state: state.finished
 
   initial = _GreedyState(
       step=jnp.array(0, jnp.int32),
@@ -296,8 +369,9 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: j
       sequences=jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
       finished=jnp.zeros((batch_size,), bool),
       cache=cache)
-  return _while_loop_in_stages(not_done, decode_one_token, initial, cache_stages,
-                               max_decode_len, "cache").sequences
+  return _run_search(make_loop, initial, _last_allowed_steps(max_lengths, max_decode_len),
+                     tokens_to_logits, cache_stages, max_decode_len, "cache",
+                     compaction).sequences
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,7 +397,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
                 reorder_cache: Callable[[Cache, jax.Array], Cache] | None = None,
                 num_results: int | None = None,
                 cache_stages: CacheStages | None = None,
-                constrain_log_probs: ConstrainLogProbs | None = None
+                constrain_log_probs: ConstrainLogProbs | None = None,
+                compaction: Compaction | None = None
                 ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty, as in tensor2tensor, with fairseq's EOS rule.
 
@@ -364,6 +439,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
       beam_size).
     cache_stages: grow the cache as decoding goes on (see CacheStages); None: it is full size.
     constrain_log_probs: see ConstrainLogProbs; None: the model's log-probs.
+    compaction: go on with the sentences not done alone once few are left (see Compaction;
+      not with constrain_log_probs, which reads the whole batch's inputs).
 
   Returns:
     sequences int32[B, n, max_decode_len] (tokens, EOS included, PAD after it) and scores
@@ -371,86 +448,93 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
     length) has empty slots: score -inf, sequence all PAD.
   """
   batch_size = jnp.shape(max_lengths)[0]
-  last_steps = _last_allowed_steps(max_lengths, max_decode_len)  # [B]
   k = beam_size
   n = k if num_results is None else num_results
   if not 1 <= n <= k:
     raise ValueError(f"beam_search: num_results={num_results} must lie in [1, beam_size={k}]")
   if reorder_cache is None:
     cache, reorder_cache = expand_to_beams(cache, k), gather_beams
+  if compaction is not None and constrain_log_probs is not None:
+    raise ValueError("beam_search: compaction cannot gather a constraint's inputs")
 
-  def not_done(state: _BeamState):
-    best_alive = state.alive_log_probs[:, 0]  # [B]
-    # The largest penalty an alive hypothesis may still get: its length will lie in
-    # [step + 1, last_step + 1], and the penalty is monotonic in length.
-    largest_penalty = jnp.maximum(length_penalty(state.step + 1, alpha),
-                                  length_penalty(last_steps + 1, alpha))  # [B]
-    best_possible_score = best_alive / largest_penalty  # [B]
-    nth_finished = state.finished_scores[:, n - 1]  # [B]: -inf until n have finished
-    sentence_done = (best_possible_score < nth_finished) | (best_alive == NEG_INF)  # [B]
-    return (state.step < max_decode_len) & ~jnp.all(sentence_done)
+  def make_loop(tokens_to_logits, last_steps):
+    batch_size = last_steps.shape[0]
 
-  def decode_one_token(state: _BeamState) -> _BeamState:
-    step = state.step
-    # 1. Log-probs of all one-token extensions of the alive hypotheses.
-    previous_ids = lax.dynamic_index_in_dim(
-        state.alive_seqs, jnp.maximum(step - 1, 0), axis=2, keepdims=False)  # [B, K]
-    ids = jnp.where(step == 0, bos_id, previous_ids).reshape(batch_size * k, 1)  # [B*K, 1]
-    logits, new_cache = tokens_to_logits(ids, state.alive_cache)  # [B*K, V]
-    vocab_size = logits.shape[-1]
-    if vocab_size < 2:
-      raise ValueError("beam search needs a vocabulary of at least 2 tokens")
-    logits = logits.astype(jnp.float32).reshape(batch_size, k, vocab_size)  # [B, K, V]
-    must_end = (step >= last_steps)[:, None, None]  # [B, 1, 1]
+    def sentence_done(state: _BeamState):
+      best_alive = state.alive_log_probs[:, 0]  # [B]
+      # The largest penalty an alive hypothesis may still get: its length will lie in
+      # [step + 1, last_step + 1], and the penalty is monotonic in length.
+      largest_penalty = jnp.maximum(length_penalty(state.step + 1, alpha),
+                                    length_penalty(last_steps + 1, alpha))  # [B]
+      best_possible_score = best_alive / largest_penalty  # [B]
+      nth_finished = state.finished_scores[:, n - 1]  # [B]: -inf until n have finished
+      return (best_possible_score < nth_finished) | (best_alive == NEG_INF)  # [B]
 
-    # 2. The best 2K candidates, best first: the best 2K of each hypothesis' extensions, then
-    # the best 2K of those (the same set as a top 2K over all K * V; XLA on CPU lowered that
-    # one to a full sort of the K * V candidates, 40x slower than the rest of the step).
-    per_parent = min(2 * k, vocab_size)  # P
-    if constrain_log_probs is None:
-      per_parent_log_probs, per_parent_tokens = best_extensions(
-          logits, state.alive_log_probs, must_end, eos_id, per_parent)  # [B, K, P]
-    else:  # the task rewrites the log-probs: computed whole
-      log_probs = _constrained(jax.nn.log_softmax(logits), constrain_log_probs,
-                               state.alive_seqs, step, must_end, eos_id)  # [B, K, V]
-      # At a sentence's last allowed step, only EOS may follow.
-      is_eos_token = jnp.arange(vocab_size) == eos_id  # [V]
-      log_probs = jnp.where(must_end & ~is_eos_token, NEG_INF, log_probs)  # [B, K, V]
-      per_parent_log_probs, per_parent_tokens = top_k_by_chunks(
-          state.alive_log_probs[:, :, None] + log_probs, per_parent)  # [B, K, P]
-    top_log_probs, top_index = lax.top_k(
-        per_parent_log_probs.reshape(batch_size, k * per_parent), 2 * k)  # [B, 2K]
-    top_parents = top_index // per_parent  # [B, 2K]: which alive hypothesis
-    top_tokens = jnp.take_along_axis(
-        per_parent_tokens.reshape(batch_size, k * per_parent), top_index, axis=1
-    ).astype(jnp.int32)  # [B, 2K]: which token
-    top_seqs = _select_beams(state.alive_seqs, top_parents)  # [B, 2K, L]
-    top_seqs = lax.dynamic_update_index_in_dim(top_seqs, top_tokens, step, axis=2)  # [B, 2K, L]
-    top_is_eos = top_tokens == eos_id  # [B, 2K]
+    def not_done(state: _BeamState):
+      return (state.step < max_decode_len) & ~jnp.all(sentence_done(state))
 
-    # 3. Alive: the best K candidates that go on.
-    alive_log_probs, alive_picks = lax.top_k(
-        jnp.where(top_is_eos, NEG_INF, top_log_probs), k)  # [B, K], indices into the 2K
-    alive_seqs = _select_beams(top_seqs, alive_picks)  # [B, K, L]
-    alive_parents = _select_beams(top_parents, alive_picks)  # [B, K]
-    alive_cache = reorder_cache(new_cache, alive_parents)
+    def decode_one_token(state: _BeamState) -> _BeamState:
+      step = state.step
+      # 1. Log-probs of all one-token extensions of the alive hypotheses.
+      previous_ids = lax.dynamic_index_in_dim(
+          state.alive_seqs, jnp.maximum(step - 1, 0), axis=2, keepdims=False)  # [B, K]
+      ids = jnp.where(step == 0, bos_id, previous_ids).reshape(batch_size * k, 1)  # [B*K, 1]
+      logits, new_cache = tokens_to_logits(ids, state.alive_cache)  # [B*K, V]
+      vocab_size = logits.shape[-1]
+      if vocab_size < 2:
+        raise ValueError("beam search needs a vocabulary of at least 2 tokens")
+      logits = logits.astype(jnp.float32).reshape(batch_size, k, vocab_size)  # [B, K, V]
+      must_end = (step >= last_steps)[:, None, None]  # [B, 1, 1]
 
-    # 4. Finished: EOS candidates among the step's best K, merged with the finished set.
-    new_scores = jnp.where(top_is_eos[:, :k],
-                           top_log_probs[:, :k] / length_penalty(step + 1, alpha),
-                           NEG_INF)  # [B, K]
-    merged_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [B, 2K]
-    merged_seqs = jnp.concatenate([state.finished_seqs, top_seqs[:, :k]], axis=1)  # [B, 2K, L]
-    finished_scores, finished_picks = lax.top_k(merged_scores, k)  # [B, K]
-    finished_seqs = _select_beams(merged_seqs, finished_picks)  # [B, K, L]
+      # 2. The best 2K candidates, best first: the best 2K of each hypothesis' extensions, then
+      # the best 2K of those (the same set as a top 2K over all K * V; XLA on CPU lowered that
+      # one to a full sort of the K * V candidates, 40x slower than the rest of the step).
+      per_parent = min(2 * k, vocab_size)  # P
+      if constrain_log_probs is None:
+        per_parent_log_probs, per_parent_tokens = best_extensions(
+            logits, state.alive_log_probs, must_end, eos_id, per_parent)  # [B, K, P]
+      else:  # the task rewrites the log-probs: computed whole
+        log_probs = _constrained(jax.nn.log_softmax(logits), constrain_log_probs,
+                                 state.alive_seqs, step, must_end, eos_id)  # [B, K, V]
+        # At a sentence's last allowed step, only EOS may follow.
+        is_eos_token = jnp.arange(vocab_size) == eos_id  # [V]
+        log_probs = jnp.where(must_end & ~is_eos_token, NEG_INF, log_probs)  # [B, K, V]
+        per_parent_log_probs, per_parent_tokens = top_k_by_chunks(
+            state.alive_log_probs[:, :, None] + log_probs, per_parent)  # [B, K, P]
+      top_log_probs, top_index = lax.top_k(
+          per_parent_log_probs.reshape(batch_size, k * per_parent), 2 * k)  # [B, 2K]
+      top_parents = top_index // per_parent  # [B, 2K]: which alive hypothesis
+      top_tokens = jnp.take_along_axis(
+          per_parent_tokens.reshape(batch_size, k * per_parent), top_index, axis=1
+      ).astype(jnp.int32)  # [B, 2K]: which token
+      top_seqs = _select_beams(state.alive_seqs, top_parents)  # [B, 2K, L]
+      top_seqs = lax.dynamic_update_index_in_dim(top_seqs, top_tokens, step, axis=2)  # [B, 2K, L]
+      top_is_eos = top_tokens == eos_id  # [B, 2K]
 
-    return _BeamState(
-        step=step + 1,
-        alive_seqs=alive_seqs,
-        alive_log_probs=alive_log_probs,
-        alive_cache=alive_cache,
-        finished_seqs=finished_seqs,
-        finished_scores=finished_scores)
+      # 3. Alive: the best K candidates that go on.
+      alive_log_probs, alive_picks = lax.top_k(
+          jnp.where(top_is_eos, NEG_INF, top_log_probs), k)  # [B, K], indices into the 2K
+      alive_seqs = _select_beams(top_seqs, alive_picks)  # [B, K, L]
+      alive_parents = _select_beams(top_parents, alive_picks)  # [B, K]
+      alive_cache = reorder_cache(new_cache, alive_parents)
+
+      # 4. Finished: EOS candidates among the step's best K, merged with the finished set.
+      new_scores = jnp.where(top_is_eos[:, :k],
+                             top_log_probs[:, :k] / length_penalty(step + 1, alpha),
+                             NEG_INF)  # [B, K]
+      merged_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)  # [B, 2K]
+      merged_seqs = jnp.concatenate([state.finished_seqs, top_seqs[:, :k]], axis=1)  # [B, 2K, L]
+      finished_scores, finished_picks = lax.top_k(merged_scores, k)  # [B, K]
+      finished_seqs = _select_beams(merged_seqs, finished_picks)  # [B, K, L]
+
+      return _BeamState(
+          step=step + 1,
+          alive_seqs=alive_seqs,
+          alive_log_probs=alive_log_probs,
+          alive_cache=alive_cache,
+          finished_seqs=finished_seqs,
+          finished_scores=finished_scores)
+    return not_done, decode_one_token, sentence_done
 
   # All K beams start from BOS; only the first is live, so that the first step does not
   # propose the same extension K times.
@@ -462,8 +546,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
       alive_cache=cache,
       finished_seqs=jnp.full((batch_size, k, max_decode_len), PAD_ID, jnp.int32),
       finished_scores=jnp.full((batch_size, k), NEG_INF, jnp.float32))
-  final = _while_loop_in_stages(not_done, decode_one_token, initial, cache_stages,
-                                max_decode_len, "alive_cache")
+  final = _run_search(make_loop, initial, _last_allowed_steps(max_lengths, max_decode_len),
+                      tokens_to_logits, cache_stages, max_decode_len, "alive_cache", compaction)
 
   # Every hypothesis that can end has ended: EOS is forced at each sentence's last allowed
   # step (which is within max_decode_len), and the early stop only fires once nothing alive

@@ -29,12 +29,14 @@ LENGTH_QUANTUM = 16
 def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
                    extra_length: int, num_results: int | None = None,
                    constraint_for: Callable[[jax.Array, jax.Array], decoding.ConstrainLogProbs]
-                   | None = None):
+                   | None = None, devices: int = 1, compact: bool = True):
   """jit-compiled (params, inputs [B, S]) -> tokens [B, S + extra_length], best hypothesis;
   with `num_results` = n: (tokens [B, n, S + extra_length], scores [B, n]), the n best of a
   beam search (of width beam_size; width 1 is greedy search, and scores it).
   `constraint_for(inputs, max_lengths)` rewrites the log-probs the search reads (a parser's
-  trees over the input's words, parsing/constrained.py); None: the model's."""
+  trees over the input's words, parsing/constrained.py); None: the model's. `compact`: once a
+  quarter of the batch is left (`compacted_rows`, a multiple of the `devices` that split the
+  rows), those sentences go on alone (decoding.Compaction): the same outputs, fewer rows."""
 
   @jax.jit
   def decode(params, inputs):
@@ -56,28 +58,47 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
     # state.
     step_cache, fixed_cache = _split_cache(variables["cache"])
 
-    def tokens_to_logits(ids, step_cache):
-      # ids: [N, 1] -> logits [N, V]
-      cache = traverse_util.unflatten_dict({**traverse_util.flatten_dict(step_cache),
-                                            **fixed_cache})
-      logits, updated = model.apply(
-          {"params": params, "cache": cache}, None, inputs, ids, decode=True,
-          method=model_lib.Transformer.decode, mutable=["cache"])
-      return logits[:, 0], _split_cache(updated["cache"])[0]
+    def tokens_to_logits_of(inputs, fixed_cache):
+      def tokens_to_logits(ids, step_cache):
+        # ids: [N, 1] -> logits [N, V]
+        cache = traverse_util.unflatten_dict({**traverse_util.flatten_dict(step_cache),
+                                              **fixed_cache})
+        logits, updated = model.apply(
+            {"params": params, "cache": cache}, None, inputs, ids, decode=True,
+            method=model_lib.Transformer.decode, mutable=["cache"])
+        return logits[:, 0], _split_cache(updated["cache"])[0]
+      return tokens_to_logits
 
+    def tokens_to_logits_for(sentences):  # the step of those sentences alone
+      return tokens_to_logits_of(*jax.tree.map(lambda x: x[sentences], (inputs, fixed_cache)))
+
+    tokens_to_logits = tokens_to_logits_of(inputs, fixed_cache)
+    rows = compacted_rows(inputs.shape[0], devices) if compact else 0
+    compaction = (decoding.Compaction(rows, tokens_to_logits_for)
+                  if rows and constraint_for is None else None)
     constrain_log_probs = constraint_for(inputs, max_lengths) if constraint_for else None
     if beam_size == 1 and num_results is None:
       return decoding.greedy_decode(tokens_to_logits, step_cache, max_lengths, max_decode_len,
                                     model_lib.BOS_ID, vocabulary.EOS_ID, cache_stages=stages,
-                                    constrain_log_probs=constrain_log_probs)
+                                    constrain_log_probs=constrain_log_probs,
+                                    compaction=compaction)
     sequences, scores = decoding.beam_search(
         tokens_to_logits, step_cache, max_lengths, max_decode_len, model_lib.BOS_ID,
         vocabulary.EOS_ID, beam_size, alpha, reorder_cache=model_lib.reorder_decode_cache,
         num_results=num_results or 1, cache_stages=stages,
-        constrain_log_probs=constrain_log_probs)
+        constrain_log_probs=constrain_log_probs, compaction=compaction)
     return sequences[:, 0] if num_results is None else (sequences, scores)
 
   return decode
+
+
+def compacted_rows(rows: int, devices: int = 1) -> int:
+  """The sentences a decoding batch of `rows` goes on with once no more are left (0: none, the
+  batch is too small to gain): a quarter of it, a multiple of the devices that split the rows.
+  A quarter left the fewest row-steps on test2016 at 64 rows (82% of them decoding a sentence
+  not yet ended, against 78% with a half and 63% without)."""
+  quarter = -(-(rows // 4) // devices) * devices
+  return quarter if 0 < quarter < rows else 0
 
 
 def cache_stage_lengths(max_decode_len: int, first: int = 16) -> tuple[int, ...]:
@@ -113,13 +134,14 @@ class Translator:
   source tokens. `num_results` = n makes `translate_nbest` available (the n best of the beam,
   with their scores) instead of `translate`. `constraint_for`: see make_decode_fn (a
   task's `decoding_constraint`). `mesh`: the devices that decode, all on its `data` axis
-  (default: every device of every process, sharding.data_parallel_mesh).
+  (default: every device of every process, sharding.data_parallel_mesh). `compact=False`: every
+  batch decoded whole to its end (see make_decode_fn; the same outputs, for benchmarks).
   """
 
   def __init__(self, model, params, vocab, *, beam_size: int = 1, alpha: float = 0.6,
                extra_length: int = 50, batch_size: int = 64, max_positions: int | None = None,
                max_tokens: int = 0, num_results: int | None = None,
-               constraint_for=None, mesh=None):
+               constraint_for=None, mesh=None, compact: bool = True):
     if num_results is not None and not 1 <= num_results <= beam_size:
       raise ValueError(f"--nbest={num_results}: must lie in [1, beam size {beam_size}]")
     self.mesh = sharding.data_parallel_mesh() if mesh is None else mesh
@@ -128,7 +150,7 @@ class Translator:
     self.max_positions = max_positions
     self.num_results = num_results
     self._decode = make_decode_fn(model, beam_size, alpha, extra_length, num_results,
-                                  constraint_for)
+                                  constraint_for, sharding.data_parallel_size(self.mesh), compact)
     self.extra_length = extra_length
 
   @property

@@ -1,7 +1,7 @@
 """Decoding speed of a trained run: sentences/s and target tokens/s, greedy and beam 4.
 
   python bench/decode_speed.py --workdir=runs/multi30k [--batch_sizes=64] [--max_sentences=0]
-      [--repeats=3] [--devices=8]
+      [--repeats=3] [--devices=8] [--whole_batches]
 
 For each test set (Multi30k test2016, and newstest2014's English source when the data folder
 has it) and each batch size, translates the whole set once with greedy search and once with
@@ -43,6 +43,10 @@ flags.DEFINE_integer("repeats", 3, "Timed pairs of passes (greedy, beam 4) per b
 flags.DEFINE_bool("profile", False, "Instead of timing: trace one pass of greedy and one of "
                   "beam 4 (jax.profiler) and print where each spends its time, by op category "
                   "(bench/profile_step.py's), with the decoding steps each ran.")
+flags.DEFINE_bool("whole_batches", False, "Also time each search decoding every batch whole "
+                  "to its end (Translator(compact=False): no sentences going on alone once a "
+                  "quarter is left), pass by pass with the default, and check both translate "
+                  "the same.")
 flags.DEFINE_integer("devices", 1, "Above 1: also time decoding over this many devices against "
                      "one (simulated CPU devices when there are no accelerators).")
 FLAGS = flags.FLAGS
@@ -132,28 +136,42 @@ def main(argv):
         print(f"{testset}: decoding over {jax.device_count()} devices against 1")
         compare_devices(config, model, params, vocab, sources, batch_size)
         continue
-      translators = {beam_size: Translator(
+      ways = [(beam_size, compact) for beam_size in BEAM_SIZES
+              for compact in ((True, False) if FLAGS.whole_batches else (True,))]
+      translators = {(beam_size, compact): Translator(
           model, params, vocab, beam_size=beam_size, alpha=config.length_penalty_alpha,
-          extra_length=config.decode_extra_length, batch_size=batch_size)
-          for beam_size in BEAM_SIZES}
-      outputs = {beam_size: translator.translate(sources)  # compiles every shape
-                 for beam_size, translator in translators.items()}
+          extra_length=config.decode_extra_length, batch_size=batch_size, compact=compact)
+          for beam_size, compact in ways}
+      outputs = {way: translator.translate(sources)  # compiles every shape
+                 for way, translator in translators.items()}
+      if any(outputs[beam_size, False] != outputs[beam_size, True]
+             for beam_size, compact in ways if not compact):
+        raise RuntimeError("decoding batches whole translated differently")
       if FLAGS.profile:
-        profile_passes(translators, sources, config.model.vocab_size)
+        profile_passes({beam_size: translators[beam_size, True] for beam_size in BEAM_SIZES},
+                       sources, config.model.vocab_size)
         continue
-      seconds = {beam_size: [] for beam_size in BEAM_SIZES}
+      seconds = {way: [] for way in ways}
       for _ in range(FLAGS.repeats):
-        for beam_size, translator in translators.items():
+        for way, translator in translators.items():
           elapsed, again = timed_translation(translator, sources)
-          if again != outputs[beam_size]:
-            raise RuntimeError(f"beam {beam_size}: a second pass translated differently")
-          seconds[beam_size].append(elapsed)
-      for beam_size in BEAM_SIZES:
-        median = statistics.median(seconds[beam_size])
-        tokens = sum(len(ids) + 1 for ids in vocab.encode_batch(outputs[beam_size]))  # + EOS
-        print(f"{testset} batch={batch_size} beam={beam_size}: {len(sources)} sentences in "
-              f"{median:.1f}s (median of {' '.join(f'{t:.1f}' for t in seconds[beam_size])}) "
+          if again != outputs[way]:
+            raise RuntimeError(f"beam {way[0]}: a second pass translated differently")
+          seconds[way].append(elapsed)
+      for beam_size, compact in ways:
+        times = seconds[beam_size, compact]
+        median = statistics.median(times)
+        tokens = sum(len(ids) + 1 for ids in vocab.encode_batch(outputs[beam_size, compact]))
+        print(f"{testset} batch={batch_size} beam={beam_size}"
+              f"{'' if compact else ' whole batches'}: {len(sources)} sentences in "
+              f"{median:.1f}s (median of {' '.join(f'{t:.1f}' for t in times)}) "
               f"= {len(sources) / median:.1f} sentences/s, {tokens / median:.0f} target tokens/s")
+        if not compact:
+          gains = [whole / now for whole, now in zip(times, seconds[beam_size, True])]
+          print(f"{testset} batch={batch_size} beam={beam_size}: whole batches / compacted "
+                f"time = {statistics.median(gains):.2f} (median of "
+                f"{' '.join(f'{g:.2f}' for g in gains)}), the same translations")
+      seconds = {beam_size: seconds[beam_size, True] for beam_size in BEAM_SIZES}
       ratios = [beam / greedy for greedy, beam in zip(seconds[1], seconds[4])]
       print(f"{testset} batch={batch_size}: beam 4 / greedy time = "
             f"{statistics.median(ratios):.2f} (median of {' '.join(f'{r:.2f}' for r in ratios)})")

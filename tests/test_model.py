@@ -154,6 +154,30 @@ def test_translator_search_matches_the_plain_algorithm(seed, extra_length):
     assert np.sum(np.asarray(expected[:, 0]) != 0, axis=1).max() > 16
 
 
+@pytest.mark.parametrize("beams", [1, 4])
+def test_compacted_decoding_finds_what_the_whole_batch_finds(beams):
+  """Once a quarter of the batch is left, the translator goes on with those sentences alone
+  (gathered from a cache already grown to full length, and the encoder's output gathered
+  for them): every output must be the whole batch's, and the compaction must have happened
+  (sentences end at different steps; here their max lengths differ)."""
+  model = small_model()
+  rng = np.random.default_rng(3)
+  lengths = [1, 2, 3, 3, 4, 5, 7, 8, 2, 6, 1, 8, 3, 5, 2, 4]  # 16 sentences: 4 go on alone
+  inputs = np.array(random_tokens(rng, 16, 8))
+  for row, length in enumerate(lengths):
+    inputs[row, length:] = 0
+  params = model.init(jax.random.key(3), inputs, random_tokens(rng, 16, 5))["params"]
+  assert translator.compacted_rows(16) == 4
+  whole = translator.make_decode_fn(model, beams, 0.6, 20, compact=False)(params, inputs)
+  compacted_fn = translator.make_decode_fn(model, beams, 0.6, 20)
+  np.testing.assert_array_equal(compacted_fn(params, inputs), whole)
+  output_lengths = np.sum(np.asarray(whole) != 0, axis=1)
+  assert np.sum(output_lengths < output_lengths.max()) > 12  # most ended before the last
+  # The compacted program runs a loop over 4 sentences' rows (16 * beams -> 4 * beams).
+  hlo = compacted_fn.lower(params, inputs).as_text()
+  assert f"tensor<{4 * beams}x1xi32>" in hlo
+
+
 @pytest.mark.parametrize("max_decode_len, stages", [
     (20, (20,)), (32, (16, 32)), (66, (16, 32, 66)), (127, (16, 32, 127)),
     (178, (16, 32, 64, 178))])

@@ -1,0 +1,148 @@
+"""On a lent accelerator: base's training step and the quick start's first steps, measured
+against what the dry run planned for this device.
+
+  python bench/device_check.py --out=$OUT/device_check.md            # both sizes, ~5 minutes
+  python bench/device_check.py --sizes=quickstart --steps=3 --out=x.md   # CPU: tried here first
+  python bench/device_check.py --from_file=x.md --write_results       # into docs/RESULTS.md
+
+For each size (configs/base.py, configs/multi30k.py) it builds the dry run's plan for the local
+device (`train.py --dry_run`: compute dtype, the batch the plan counts FLOPs on, step time at
+the plan's MFU), compiles the training step on that batch and reads the compiled program's
+memory (arguments + outputs + temporaries - aliased, as the dry run's compiled plan counts
+it), then times each of the first `--steps` steps one by one: the first includes nothing but
+the step (compiled before), the rest show the steady state. It prints a markdown table row
+per size: device, batch, measured ms per step (median after the first), the plan's, the
+measured MFU, peak device memory in use (the runtime's `peak_bytes_in_use`; on a CPU, the
+process's peak RSS) against the compiled figure. `--write_results` puts the table into
+docs/RESULTS.md under "On an accelerator", replacing the rows of the same device and size.
+The batches are synthetic (bench/synthetic_batches.py: the last quarter of every row padding),
+so the check needs no data.
+"""
+import functools
+import os
+import resource
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+flags.DEFINE_list("sizes", ["base", "quickstart"], "Configs to check: base, quickstart.")
+flags.DEFINE_integer("steps", 20, "Steps timed one by one per size (the first is reported "
+                     "apart).")
+flags.DEFINE_string("out", "", "Also write the table (markdown) to this file.")
+flags.DEFINE_string("from_file", "", "With --write_results: the table a device run wrote.")
+flags.DEFINE_bool("write_results", False, "Put the table's rows into docs/RESULTS.md.")
+FLAGS = flags.FLAGS
+
+HEADER = ("| date | device | size | batch (rows x length), dtype | first step (ms) | ms per step "
+          "(median after the first) | plan's ms per step (MFU) | measured MFU | peak memory / "
+          "compiled (GB) |\n|---|---|---|---|---:|---:|---:|---:|---:|")
+SECTION = "## On an accelerator"
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                       "RESULTS.md")
+
+
+def size_config(size: str):
+  from configs import base, multi30k
+  if size not in ("base", "quickstart"):
+    raise app.UsageError(f"--sizes: unknown size {size!r} (expected base or quickstart)")
+  return base.get_config() if size == "base" else multi30k.get_config()
+
+
+def peak_memory_bytes(device) -> tuple[int, str]:
+  """(bytes, what they are): the runtime's peak device memory, or on a CPU (no memory stats)
+  the process's peak resident set."""
+  stats = device.memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return stats["peak_bytes_in_use"], "device peak"
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS"
+
+
+def check(size: str, steps: int) -> str:
+  """One table row for `size`, measured on the first local device."""
+  import jax
+
+  from aiayn_flax import dry_run, flops, optimizer, train_step
+  from bench.synthetic_batches import synthetic_batches
+  config = size_config(size)
+  plan = dry_run.plan(config)  # for the local devices, "auto" dtype resolved for them
+  config.model.dtype = plan["compute_dtype"]
+  rows, length = map(int, plan["flops_batch_shape"].split("x"))
+  model = train_step.make_model(config)
+  state = train_step.create_train_state(config, model)
+  step = jax.jit(functools.partial(
+      train_step.train_step, model=model, label_smoothing=config.label_smoothing,
+      schedule=optimizer.learning_rate_schedule(config)), donate_argnums=0)
+  batch = synthetic_batches(rows, length, config.model.vocab_size)[0]
+  key = train_step.dropout_key(0)
+  compiled = step.lower(state, batch, key).compile()
+  memory = compiled.memory_analysis()
+  compiled_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                    + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  seconds = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    state, metrics = compiled(state, batch, key)
+    jax.block_until_ready((state, metrics))
+    seconds.append(time.perf_counter() - start)
+  if not all(bool(jax.numpy.isfinite(x).all()) for x in jax.tree.leaves(metrics)):
+    raise RuntimeError(f"{size}: a step's metrics are not finite: {metrics}")
+  steady = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
+  device = jax.devices()[0]
+  peak_bytes, peak_kind = peak_memory_bytes(device)
+  model_flops = flops.train_flops(config.model, rows, length, length)
+  peak_flops = plan["peak_flops_per_device"] * jax.device_count()
+  mfu = f"{model_flops / steady / peak_flops:.2f}" if peak_flops else "- (no peak known)"
+  planned = (f"{plan['step_time_s'] * 1e3:.1f} ({plan['mfu']})" if plan["step_time_s"]
+             else "- (no peak known)")
+  return (f"| {time.strftime('%Y-%m-%d')} | {jax.device_count()} x {device.device_kind} | "
+          f"{size} | {rows} x {length}, {config.model.dtype} | {seconds[0] * 1e3:.1f} | "
+          f"{steady * 1e3:.1f} | {planned} | {mfu} | {peak_bytes / 1e9:.2f} ({peak_kind}) / "
+          f"{compiled_bytes / 1e9:.2f} |")
+
+
+def write_results(rows: list[str], path: str = RESULTS) -> None:
+  """The rows into `path`'s SECTION table; a row of the same device and size is replaced."""
+  with open(path) as f:
+    text = f.read()
+  if SECTION not in text:
+    text = text.rstrip("\n") + f"\n\n{SECTION}\n\n`python bench/device_check.py` on a lent " \
+        "device (see its docstring).\n\n" + HEADER + "\n"
+  head, tail = text.split(SECTION, 1)
+  lines = tail.split("\n")
+  key = lambda row: [cell.strip() for cell in row.split("|")[2:4]]  # noqa: E731 device, size
+  new_keys = [key(row) for row in rows]
+  kept = [line for line in lines if not (line.startswith("| 20") and key(line) in new_keys)]
+  last_row = max(i for i, line in enumerate(kept) if line.startswith("|"))
+  kept[last_row + 1:last_row + 1] = rows
+  with open(path, "w") as f:
+    f.write(head + SECTION + "\n".join(kept))
+
+
+def main(argv):
+  del argv
+  if FLAGS.from_file:
+    with open(FLAGS.from_file) as f:
+      rows = [line for line in f.read().splitlines() if line.startswith("| 20")]
+  else:
+    import jax
+    print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
+          f"({jax.default_backend()})", flush=True)
+    rows = []
+    for size in FLAGS.sizes:
+      rows.append(check(size, FLAGS.steps))
+      print(rows[-1], flush=True)
+  table = HEADER + "\n" + "\n".join(rows) + "\n"
+  print(table)
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      f.write(table)
+  if FLAGS.write_results:
+    write_results(rows)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,38 @@
+"""bench/device_check.py, the script a lent accelerator runs (issue 43), tried on the CPU: it
+measures the quick start's first steps on the dry run's batch, and its rows land in
+docs/RESULTS.md's table, a second run of the same device and size replacing the first."""
+import os
+import subprocess
+import sys
+
+from bench import device_check
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_device_check_measures_the_quick_start_and_writes_its_row(tmp_path):
+  out = tmp_path / "device_check.md"
+  subprocess.run([sys.executable, "bench/device_check.py", "--sizes=quickstart", "--steps=2",
+                  f"--out={out}"], cwd=REPO, check=True, capture_output=True, text=True,
+                 env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+  header, rule, row = out.read_text().splitlines()
+  assert header.startswith("| date | device | size |") and rule.startswith("|---")
+  cells = [cell.strip() for cell in row.split("|")[1:-1]]
+  assert cells[1] == "1 x cpu" and cells[2] == "quickstart"
+  # The batch the dry run's plan counts FLOPs on: the bucket nearest 32 tokens, its rows.
+  assert cells[3] == "85 x 32, float32"
+  assert float(cells[4]) > 0 and float(cells[5]) > 0
+  measured, compiled = cells[8].split(" / ")
+  assert "process peak RSS" in measured and float(compiled) > 0.1
+
+  results = tmp_path / "RESULTS.md"
+  results.write_text("# Results\n\n## Scores\n\ntext\n")
+  other = row.replace("| quickstart |", "| base |")
+  device_check.write_results([row, other], str(results))
+  device_check.write_results([row.replace("| 2026", "| 2027", 1)], str(results))  # re-measured
+  text = results.read_text()
+  assert text.startswith("# Results\n\n## Scores\n\ntext\n")
+  assert text.count(device_check.SECTION) == 1 and text.count(device_check.HEADER) == 1
+  rows = [line for line in text.splitlines() if line.startswith("| 20")]
+  assert [r.split("|")[3].strip() for r in rows] == ["base", "quickstart"]
+  assert rows[1].startswith("| 2027")

@@ -11,7 +11,8 @@ accelerator's extra.
 Exit status: 0 when training reached num_train_steps; 128 + the signal's number when SIGTERM
 (143) or SIGINT (130) stopped it after saving a checkpoint at the current step (run the same
 command to continue: schedulers can requeue on 143 as on a preemption); 1 with one line on
-stderr for bad input or a training that diverged.
+stderr for bad input, a training that diverged, or a workdir that another run took over
+while this one trained (it then saves nothing more).
 """
 import os
 import re
@@ -43,7 +44,7 @@ def main(argv):
   from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   # After flag parsing: keeps --help fast.
-  from aiayn_flax import cluster, compilation_cache, dry_run, trainer
+  from aiayn_flax import cluster, compilation_cache, dry_run, trainer, workdir_lease
   config = FLAGS.config
   if FLAGS.dry_run:
     if FLAGS.target:
@@ -67,7 +68,8 @@ def main(argv):
   compilation_cache.enable(config, FLAGS.workdir)  # before the first compile
   try:
     summary = trainer.train_and_evaluate(config, FLAGS.workdir, FLAGS.force_resume)
-  except (FileNotFoundError, ValueError, trainer.NonFiniteTrainingError) as e:
+  except (FileNotFoundError, ValueError, trainer.NonFiniteTrainingError,
+          workdir_lease.LeaseLost) as e:
     sys.exit(f"train.py: error: {e}")
   if summary["stopped_by"]:
     print(f"stopped by {summary['stopped_by']} at step {summary['step']} (checkpoint saved); "

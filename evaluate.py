@@ -82,7 +82,10 @@ def translate_and_score() -> None:
   from aiayn_flax.data import text_files
   from aiayn_flax import compilation_cache
   from aiayn_flax.translator import Translator
-  config = run_dir.load_config(FLAGS.workdir)
+  from aiayn_flax import host_agreement
+  # Every host reads the run's config: one that cannot (a workdir it does not see) stops all.
+  config = host_agreement.on_every_host("the run's config",
+                                        lambda: run_dir.load_config(FLAGS.workdir))
   compilation_cache.enable(config, FLAGS.workdir)  # reuse what train.py compiled
   if FLAGS.constrained is not None:
     config.decode_constrained = FLAGS.constrained

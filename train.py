@@ -56,10 +56,13 @@ def main(argv):
     from aiayn_flax import tasks
     print(tasks.for_config(config).prepare_data(config))
     return
+  from aiayn_flax import host_agreement
   try:
     cluster.initialize_distributed()  # a multi-host slice: join the other processes first
-  except cluster.NotJoined as e:  # launched several times, unable to join: no run at all
-    sys.exit(f"train.py: error: {e}")
+    # A host whose config file failed to load has joined too, to say so (stop_every_host).
+    host_agreement.stop_if_any_failed("--config", None)
+  except (cluster.NotJoined, host_agreement.AnotherHostFailed) as e:
+    sys.exit(f"train.py: error: {e}")  # no run at all: unable to join, or a host's config
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required to train")
   refusal = check_backend(config)
@@ -141,7 +144,34 @@ def config_path_error(argv: list[str]) -> str | None:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a missing config file, a bad config argument (an unknown
   Table 3 row) and an unknown --config.KEY reported in one line, not a traceback from inside
-  ml_collections."""
+  ml_collections; on every host of a run at once (stop_every_host)."""
+  try:
+    return _parse_flags(argv)
+  except SystemExit as e:
+    if isinstance(e.code, str):  # the one line of a config that failed to load
+      stop_every_host(e.code, argv)
+    raise
+
+
+def stop_every_host(message: str, argv: list[str]) -> None:
+  """Exits with `message` (a config that failed to load here). Launched as one of several
+  processes that will train, this one joins the others first and hands them its error, so that
+  every host stops at once in one line (a config file missing from one host's disk), where the
+  others would wait for it until JAX's start-up timeout (300 s)."""
+  from aiayn_flax import cluster, host_agreement
+  trains = not any(arg.split("=", 1)[0] in ("--dry_run", "--prepare_data")
+                   and arg.split("=", 1)[-1].lower() not in ("false", "0") for arg in argv)
+  try:
+    if trains and cluster.join_arguments(os.environ,
+                                         cluster.launched_process_count()) is not None:
+      cluster.initialize_distributed()
+      host_agreement.stop_if_any_failed("--config", message.removeprefix("train.py: error: "))
+  except Exception:  # noqa: BLE001 - no joining (NotJoined, ...): this host's line alone
+    pass
+  sys.exit(message)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
   if error := config_path_error(argv):
     sys.exit(f"train.py: error: {error}")
   try:

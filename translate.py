@@ -125,7 +125,10 @@ def main(argv):
         raise ValueError(f"on {jax.process_count()} processes, give --input (a file process 0 "
                          "reads) and --output, or run on one host for standard input")
       source = input_lines(FLAGS.input)  # first: a missing file stops every process at once
-    config = run_dir.load_config(FLAGS.workdir)
+    from aiayn_flax import host_agreement
+    # Every host reads the run's config: one that cannot (a workdir it does not see) stops all.
+    config = host_agreement.on_every_host("the run's config",
+                                          lambda: run_dir.load_config(FLAGS.workdir))
     compilation_cache.enable(config, FLAGS.workdir)  # reuse what train.py compiled
     task = tasks.for_config(config)
     average_last = FLAGS.average_last or config.average_last_checkpoints

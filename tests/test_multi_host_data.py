@@ -328,6 +328,30 @@ def test_an_input_process_zero_cannot_read_stops_every_process_at_once_naming_it
         "" if index == 0 else f"process 0 stopped at {flag}: FileNotFoundError: ") + what
 
 
+@pytest.mark.slow
+def test_a_config_file_missing_on_one_host_stops_every_host_at_once_naming_it(hosts, tmp_path):
+  """train.py --config=FILE on 2 processes, FILE on host 0's disk only (host 1 in its own mount
+  namespace, the folder empty there): both stop within a minute, each in one line naming the
+  file (not host 0 waiting at the start for host 1 until JAX's 300 s timeout)."""
+  folder, empty = tmp_path / "configs", tmp_path / "empty"
+  folder.mkdir()
+  empty.mkdir()
+  config = folder / "mine.py"
+  config.write_text("from configs import toy\n\n\ndef get_config():\n  return toy.get_config()\n")
+  started = time.time()
+  results = run_processes(["train.py", f"--config={config}", f"--workdir={tmp_path / 'run'}"],
+                          2, 1, timeout=120, hosts=hosts,
+                          prefix_of={1: without_folder(folder, empty)})
+  assert time.time() - started < 60
+  missing = f"--config={config}: no such file {str(config)!r}; the configs: "
+  for index, (status, output, _) in enumerate(results):
+    assert status == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    [line] = [line for line in output.splitlines() if line.startswith("train.py: error")]
+    assert line.startswith("train.py: error: " + (
+        "process 1 stopped at --config: " if index == 0 else "") + missing), line
+
+
 def without_gloo_lines(stdout: str) -> str:
   """stdout less gloo's own lines on the CPU test bed (written from C++, they can land inside a
   line Python is writing, or inside one another)."""

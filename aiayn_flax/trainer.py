@@ -308,7 +308,9 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
             config, config.dataset.eval_split)])
     translator = Translator(model, None, vocab, beam_size=1,
                             extra_length=config.decode_extra_length,
-                            batch_size=config.decode_batch_size,
+                            # per device: over every device (the translator's mesh)
+                            batch_size=sharding.over_decoding_devices(
+                                config.decode_batch_size),
                             constraint_for=task.decoding_constraint(vocab))
   # Simulated CPU devices can deadlock on collectives dispatched far ahead; wait for each step.
   wait_each_step = jax.default_backend() == "cpu" and jax.device_count() > 1

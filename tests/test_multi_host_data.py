@@ -270,10 +270,11 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
     (tmp_path / f"test.{language}").write_text("".join(line + "\n" for line in lines[:40]),
                                               encoding="utf-8")
   outputs = {}
-  for processes, devices in ((1, 1), (2, 4)):
+  # The same batches of 16 sentences on both: --batch_size counts per device.
+  for processes, devices, batch_size in ((1, 1, 16), (2, 4, 2)):
     results = run_processes(
         ["evaluate.py", f"--workdir={workdir}", f"--src_file={tmp_path / 'test.en'}",
-         f"--ref_file={tmp_path / 'test.de'}", "--beam_size=4",
+         f"--ref_file={tmp_path / 'test.de'}", "--beam_size=4", f"--batch_size={batch_size}",
          f"--output_dir={tmp_path / str(processes)}"], processes, devices)
     assert [status for status, _, _ in results] == [0] * processes, results[-1][1][-3000:]
     outputs[processes] = [output for _, output, _ in results]
@@ -296,7 +297,8 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
   # translate.py on every worker, decoding over their 8 devices: the same translations,
   # printed once, by process 0.
   results = run_processes(["translate.py", f"--workdir={workdir}",
-                           f"--input={tmp_path / 'test.en'}", "--beam_size=4"], 2, 4)
+                           f"--input={tmp_path / 'test.en'}", "--beam_size=4",
+                           "--batch_size=2"], 2, 4)
   assert [status for status, _, _ in results] == [0, 0], results[1][1][-3000:]
   printed = [without_gloo_lines(stdout) for _, _, stdout in results]
   assert printed == [(one / f"{name}.hyp").read_text(), ""]

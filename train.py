@@ -158,12 +158,13 @@ def stop_every_host(message: str, argv: list[str]) -> None:
   processes that will train, this one joins the others first and hands them its error, so that
   every host stops at once in one line (a config file missing from one host's disk), where the
   others would wait for it until JAX's start-up timeout (300 s)."""
-  from aiayn_flax import cluster, host_agreement
+  from aiayn_flax import cluster  # (jax only where a launch may join: a typo stays one line)
   trains = not any(arg.split("=", 1)[0] in ("--dry_run", "--prepare_data")
                    and arg.split("=", 1)[-1].lower() not in ("false", "0") for arg in argv)
   try:
-    if trains and cluster.join_arguments(os.environ,
-                                         cluster.launched_process_count()) is not None:
+    if trains and cluster.maybe_launched_with_others(os.environ) and cluster.join_arguments(
+        os.environ, cluster.launched_process_count()) is not None:
+      from aiayn_flax import host_agreement
       cluster.initialize_distributed()
       host_agreement.stop_if_any_failed("--config", message.removeprefix("train.py: error: "))
   except Exception:  # noqa: BLE001 - no joining (NotJoined, ...): this host's line alone

@@ -265,3 +265,58 @@ def test_a_trainer_whose_lease_another_run_took_over_stops_saving_nothing_more(t
       output.strip().splitlines()[-1]), output[-3000:]
   assert saved == checkpoint_steps(workdir) == {50}  # nothing saved after the takeover
   assert json.loads(path.read_text()) == other  # the other run's lease, left in place
+
+
+@pytest.mark.slow
+def test_two_hosts_whose_lease_another_run_took_over_both_stop_saving_nothing_more(tmp_path):
+  """The same on 2 processes joined on loopback (each with its own HOME and temporary folder):
+  process 0 finds the lease taken over before the next checkpoint, and both stop there, each in
+  one line, with status 1 (not process 0 alone, the other left in a collective)."""
+  from multi_host_launch import cluster_env, reserved_port
+  from test_multi_host_data import TOY, environment, wait_for_line
+  workdir = tmp_path / "run"
+  args = [sys.executable, "train.py", f"--workdir={workdir}", *TOY,
+          "--config.num_train_steps=100000", "--config.log_every_steps=5",
+          "--config.checkpoint_every_steps=50"]
+  with reserved_port() as port, open(tmp_path / "1.out", "w+") as second_output:
+    hosts = [environment() | cluster_env(port, 2, index, 1)
+             | {"HOME": str(tmp_path / f"home{index}"), "TMPDIR": str(tmp_path / f"tmp{index}")}
+             for index in range(2)]
+    for env in hosts:
+      os.makedirs(env["HOME"])
+      os.makedirs(env["TMPDIR"])
+    first = subprocess.Popen(args, cwd=REPO, env=hosts[0], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    second = subprocess.Popen(args, cwd=REPO, env=hosts[1], stdout=second_output,
+                              stderr=subprocess.STDOUT, text=True)  # a file: it cannot fill
+    try:
+      wait_for_line(first, r"step 55/")
+      for process in (first, second):
+        process.send_signal(signal.SIGSTOP)
+      path = workdir / workdir_lease.LEASE_FILENAME
+      path.write_text(json.dumps(json.loads(path.read_text()) | {
+          "host": "another-host", "pid": 1, "run": "the run that took it over",
+          "started": "then", "heartbeat": time.time(), "heartbeat_utc": "just now"}))
+      saved = checkpoint_steps(workdir)
+      for process in (first, second):
+        process.send_signal(signal.SIGCONT)
+      outputs = [first.communicate(timeout=300)[0]]
+      second.wait(timeout=60)
+      second_output.seek(0)
+      outputs.append(second_output.read())
+    finally:
+      for process in (first, second):
+        process.kill()
+        process.wait()
+  for process, output in zip((first, second), outputs):
+    assert process.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+  taken = (r"{workdir} was taken over by the run started then on host another-host, pid 1 "
+           r"\(last heartbeat just now\) while this run trained .*").format(
+               workdir=re.escape(str(workdir)))
+  lines = [line for output in outputs for line in output.splitlines()
+           if line.startswith("train.py: error")]
+  assert re.fullmatch(rf"train\.py: error: {taken}", lines[0]), lines
+  assert re.fullmatch(rf"train\.py: error: process 0 stopped at the workdir's lease: "
+                      rf"LeaseLost: {taken}", lines[1]), lines
+  assert saved == checkpoint_steps(workdir) == {50}

@@ -39,7 +39,8 @@ flags.DEFINE_integer("average_last", None, "Average the last N checkpoints' para
                      "(default: the run's config, e.g. 5 for base, 20 for big).")
 flags.DEFINE_integer("step", None, "Evaluate the checkpoint of this step (with --average_last=K, "
                      "the K stored checkpoints ending at it) instead of the newest.")
-flags.DEFINE_integer("batch_size", None, "Sentences per decoding batch.")
+flags.DEFINE_integer("batch_size", None, "Sentences per decoding batch on each device "
+                     "(default: the run's config.decode_batch_size, also per device).")
 flags.DEFINE_boolean("constrained", None, "A parser's decoding constrained to trees over the "
                      "input's words (default: the run's config.decode_constrained); "
                      "--noconstrained: plain beam search, then repair, as the paper.")
@@ -78,11 +79,14 @@ def score_existing_translation() -> None:
 
 def translate_and_score() -> None:
   import jax
-  from aiayn_flax import paths, process_zero, provenance, run_dir, scoring, tasks
+  from aiayn_flax import paths, process_zero, provenance, run_dir, scoring, sharding, tasks
   from aiayn_flax.data import text_files
   from aiayn_flax import compilation_cache
   from aiayn_flax.translator import Translator
-  config = run_dir.load_config(FLAGS.workdir)
+  from aiayn_flax import host_agreement
+  # Every host reads the run's config: one that cannot (a workdir it does not see) stops all.
+  config = host_agreement.on_every_host("the run's config",
+                                        lambda: run_dir.load_config(FLAGS.workdir))
   compilation_cache.enable(config, FLAGS.workdir)  # reuse what train.py compiled
   if FLAGS.constrained is not None:
     config.decode_constrained = FLAGS.constrained
@@ -95,7 +99,8 @@ def translate_and_score() -> None:
         FLAGS.beam_size or config.beam_size,
         config.length_penalty_alpha if FLAGS.alpha is None else FLAGS.alpha,
         FLAGS.average_last or config.average_last_checkpoints,
-        FLAGS.batch_size or config.decode_batch_size, FLAGS.output_dir, FLAGS.step)
+        sharding.over_decoding_devices(FLAGS.batch_size or config.decode_batch_size),
+        FLAGS.output_dir, FLAGS.step)
     return
   if FLAGS.src_file or FLAGS.ref_file:
     if not (FLAGS.src_file and FLAGS.ref_file):
@@ -124,7 +129,8 @@ def translate_and_score() -> None:
                len(sources), beam_size, alpha, steps)
   translator = Translator(model, params, vocab, beam_size=beam_size, alpha=alpha,
                           extra_length=config.decode_extra_length,
-                          batch_size=FLAGS.batch_size or config.decode_batch_size,
+                          batch_size=sharding.over_decoding_devices(
+                              FLAGS.batch_size or config.decode_batch_size),
                           max_positions=(config.model.max_positions
                                          if config.model.positions == "learned" else None))
   hypotheses = translator.translate(sources, progress_every=500)

@@ -11,7 +11,8 @@ accelerator's extra.
 Exit status: 0 when training reached num_train_steps; 128 + the signal's number when SIGTERM
 (143) or SIGINT (130) stopped it after saving a checkpoint at the current step (run the same
 command to continue: schedulers can requeue on 143 as on a preemption); 1 with one line on
-stderr for bad input or a training that diverged.
+stderr for bad input, a training that diverged, or a workdir that another run took over
+while this one trained (it then saves nothing more).
 """
 import os
 import re
@@ -43,7 +44,7 @@ def main(argv):
   from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   # After flag parsing: keeps --help fast.
-  from aiayn_flax import cluster, compilation_cache, dry_run, trainer
+  from aiayn_flax import cluster, compilation_cache, dry_run, trainer, workdir_lease
   config = FLAGS.config
   if FLAGS.dry_run:
     if FLAGS.target:
@@ -55,10 +56,13 @@ def main(argv):
     from aiayn_flax import tasks
     print(tasks.for_config(config).prepare_data(config))
     return
+  from aiayn_flax import host_agreement
   try:
     cluster.initialize_distributed()  # a multi-host slice: join the other processes first
-  except cluster.NotJoined as e:  # launched several times, unable to join: no run at all
-    sys.exit(f"train.py: error: {e}")
+    # A host whose config file failed to load has joined too, to say so (stop_every_host).
+    host_agreement.stop_if_any_failed("--config", None)
+  except (cluster.NotJoined, host_agreement.AnotherHostFailed) as e:
+    sys.exit(f"train.py: error: {e}")  # no run at all: unable to join, or a host's config
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required to train")
   refusal = check_backend(config)
@@ -67,7 +71,8 @@ def main(argv):
   compilation_cache.enable(config, FLAGS.workdir)  # before the first compile
   try:
     summary = trainer.train_and_evaluate(config, FLAGS.workdir, FLAGS.force_resume)
-  except (FileNotFoundError, ValueError, trainer.NonFiniteTrainingError) as e:
+  except (FileNotFoundError, ValueError, trainer.NonFiniteTrainingError,
+          workdir_lease.LeaseLost) as e:
     sys.exit(f"train.py: error: {e}")
   if summary["stopped_by"]:
     print(f"stopped by {summary['stopped_by']} at step {summary['step']} (checkpoint saved); "
@@ -139,7 +144,35 @@ def config_path_error(argv: list[str]) -> str | None:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a missing config file, a bad config argument (an unknown
   Table 3 row) and an unknown --config.KEY reported in one line, not a traceback from inside
-  ml_collections."""
+  ml_collections; on every host of a run at once (stop_every_host)."""
+  try:
+    return _parse_flags(argv)
+  except SystemExit as e:
+    if isinstance(e.code, str):  # the one line of a config that failed to load
+      stop_every_host(e.code, argv)
+    raise
+
+
+def stop_every_host(message: str, argv: list[str]) -> None:
+  """Exits with `message` (a config that failed to load here). Launched as one of several
+  processes that will train, this one joins the others first and hands them its error, so that
+  every host stops at once in one line (a config file missing from one host's disk), where the
+  others would wait for it until JAX's start-up timeout (300 s)."""
+  from aiayn_flax import cluster  # (jax only where a launch may join: a typo stays one line)
+  trains = not any(arg.split("=", 1)[0] in ("--dry_run", "--prepare_data")
+                   and arg.split("=", 1)[-1].lower() not in ("false", "0") for arg in argv)
+  try:
+    if trains and cluster.maybe_launched_with_others(os.environ) and cluster.join_arguments(
+        os.environ, cluster.launched_process_count()) is not None:
+      from aiayn_flax import host_agreement
+      cluster.initialize_distributed()
+      host_agreement.stop_if_any_failed("--config", message.removeprefix("train.py: error: "))
+  except Exception:  # noqa: BLE001 - no joining (NotJoined, ...): this host's line alone
+    pass
+  sys.exit(message)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
   if error := config_path_error(argv):
     sys.exit(f"train.py: error: {error}")
   try:

@@ -10,7 +10,7 @@ count: an empty or blank line gives an empty line, a last line without "\\n" is 
 other line or paragraph separators stay inside their line. Lines are translated as they arrive:
 an interactive user gets each line back at once, and a file or a pipe is decoded in full
 batches (--buffer_size lines sorted by length, --batch_size sentences or --max_tokens padded
-source tokens per decoding batch).
+source tokens per decoding batch on each device).
 
 The defaults are evaluate.py's: the run's beam size and alpha, the last
 config.average_last_checkpoints checkpoints averaged.
@@ -39,10 +39,10 @@ flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's config; 1
 flags.DEFINE_float("alpha", None, "Length penalty alpha (default: the run's config).")
 flags.DEFINE_integer("average_last", None, "Average the last N checkpoints' parameters "
                      "(default: the run's config, as evaluate.py).")
-flags.DEFINE_integer("batch_size", None, "Most sentences per decoding batch (default: the run's "
-                     "config.decode_batch_size).")
-flags.DEFINE_integer("max_tokens", 0, "Most padded source tokens per decoding batch (0: only "
-                     "--batch_size limits it).")
+flags.DEFINE_integer("batch_size", None, "Most sentences per decoding batch on each device "
+                     "(default: the run's config.decode_batch_size, also per device).")
+flags.DEFINE_integer("max_tokens", 0, "Most padded source tokens per decoding batch on each "
+                     "device (0: only --batch_size limits it).")
 flags.DEFINE_integer("buffer_size", 1024, "Most input lines read before translating them.")
 flags.DEFINE_integer("nbest", None, "Print the N best translations with their scores.")
 flags.mark_flag_as_required("workdir")
@@ -116,7 +116,7 @@ def main(argv):
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   try:
     import jax
-    from aiayn_flax import cluster, run_dir, tasks
+    from aiayn_flax import cluster, run_dir, sharding, tasks
     from aiayn_flax import compilation_cache
     from aiayn_flax.translator import Translator
     cluster.initialize_distributed()  # launched on every worker: join the others first
@@ -125,7 +125,10 @@ def main(argv):
         raise ValueError(f"on {jax.process_count()} processes, give --input (a file process 0 "
                          "reads) and --output, or run on one host for standard input")
       source = input_lines(FLAGS.input)  # first: a missing file stops every process at once
-    config = run_dir.load_config(FLAGS.workdir)
+    from aiayn_flax import host_agreement
+    # Every host reads the run's config: one that cannot (a workdir it does not see) stops all.
+    config = host_agreement.on_every_host("the run's config",
+                                          lambda: run_dir.load_config(FLAGS.workdir))
     compilation_cache.enable(config, FLAGS.workdir)  # reuse what train.py compiled
     task = tasks.for_config(config)
     average_last = FLAGS.average_last or config.average_last_checkpoints
@@ -135,7 +138,10 @@ def main(argv):
         model, params, vocab, beam_size=FLAGS.beam_size or config.beam_size,
         alpha=config.length_penalty_alpha if FLAGS.alpha is None else FLAGS.alpha,
         extra_length=config.decode_extra_length,
-        batch_size=FLAGS.batch_size or config.decode_batch_size, max_tokens=FLAGS.max_tokens,
+        # Both per device, as fairseq's --batch-size and --max-tokens are per GPU.
+        batch_size=sharding.over_decoding_devices(
+            FLAGS.batch_size or config.decode_batch_size),
+        max_tokens=sharding.over_decoding_devices(FLAGS.max_tokens),
         max_positions=config.model.max_positions if config.model.positions == "learned" else None,
         num_results=FLAGS.nbest, constraint_for=task.decoding_constraint(vocab))
     if jax.process_count() == 1:

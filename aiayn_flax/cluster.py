@@ -22,7 +22,6 @@ import os
 import re
 from collections.abc import Mapping
 
-import jax
 from absl import logging
 
 
@@ -40,6 +39,7 @@ def initialize_distributed() -> None:
   from. A launcher that started one process (a one-host TPU VM, a one-task SLURM job) is not
   joined: one process needs no coordinator, and joining would let JAX's SLURM detector hide
   all but one local GPU from it."""
+  import jax  # here: a failed start asks `maybe_launched_with_others` without importing jax
   arguments = join_arguments(os.environ, launched_process_count())
   if arguments is not None:
     # The trainer agrees on stops itself, for SIGTERM and SIGINT alike (aiayn_flax/stops.py):
@@ -94,6 +94,14 @@ def join_arguments(environ: Mapping[str, str], detected: int | None) -> dict | N
                     "JAX_COORDINATOR_ADDRESS=HOST:PORT (the host of process 0, a free port) "
                     "and JAX_PROCESS_ID for every process")
   return None
+
+
+def maybe_launched_with_others(environ: Mapping[str, str]) -> bool:
+  """Whether this process may be one of several of a run (so that `initialize_distributed`
+  would join it to others), read from the variables alone, without importing jax: JAX's own,
+  a launcher's (`launched_by`), or those JAX's detectors read (a Cloud TPU VM: maybe)."""
+  return bool(environ.get("JAX_COORDINATOR_ADDRESS") or environ.get("JAX_NUM_PROCESSES")
+              or launched_by(environ) or process_count_from_variables(environ) != 1)
 
 
 @dataclasses.dataclass(frozen=True)

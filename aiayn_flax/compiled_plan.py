@@ -7,10 +7,13 @@ program with K = steps_per_call stacked batches, one step, or, when
 micro_batch_tokens_per_device asks for accumulation, the accumulate and apply programs), the
 evaluation step, the greedy decoding of training's validation BLEU, and evaluate.py's decoding
 (beam_size), both as the translator runs them: data-parallel over every device of the slice,
-parameters whole on each, decode_batch_size rows (rounded up to a multiple of the devices) of
-sources of the longest training length. A program's memory is its arguments + outputs +
-temporaries - what outputs alias (donated state). An HBM overflow that the TPU compiler
-reports itself (RESOURCE_EXHAUSTED) is turned into the same one-line message.
+parameters whole on each, decode_batch_size rows per device (config.decode_batch_size counts
+per device: sharding.over_decoding_devices) of sources of the longest training length. A
+program's memory is its arguments + outputs + temporaries - what outputs alias (donated
+state); what the trainer holds beside them around its validation decoding (the state, the
+decoding's copy of the parameters) is reported too (`_training_decode_memory`). An HBM
+overflow that the TPU compiler reports itself (RESOURCE_EXHAUSTED) is turned into the same
+one-line message.
 """
 import dataclasses
 import math
@@ -230,16 +233,19 @@ def compile_run(config, target_name: str,
   if "decode" in include and training_decode_sentences(config):
     compiled.append(_compile_decoding(
         "greedy_decode", config, model, params, placement, beam_size=1,
-        rows=translator.batch_rows(training_decode_sentences(config),
-                                   _decode_length(config), config.decode_batch_size),
+        rows=translator.batch_rows(
+            training_decode_sentences(config), _decode_length(config),
+            sharding.over_decoding_devices(config.decode_batch_size, decoding_mesh)),
         num_devices=n))
   if "evaluate" in include:
     compiled.append(_compile_decoding(
         f"evaluate_{'beam_search' if config.beam_size > 1 else 'greedy_decode'}", config,
-        model, params, placement, beam_size=config.beam_size, rows=config.decode_batch_size,
+        model, params, placement, beam_size=config.beam_size,
+        rows=sharding.over_decoding_devices(config.decode_batch_size, decoding_mesh),
         num_devices=n))
 
   largest = max(compiled, key=lambda p: p.memory_bytes)
+  decoding_memory = _training_decode_memory(abstract_state, state_sharding, compiled)
   usable = int(kind.memory_bytes * (kind.usable_memory_fraction if target.platform == "gpu"
                                     else 1.0))
   return {"target": target.name, "target_devices": f"{n} x {target_devices[0].device_kind}",
@@ -250,7 +256,45 @@ def compile_run(config, target_name: str,
           "accumulation_steps": accumulation, "programs": compiled, "largest": largest,
           "device_memory": kind.memory_bytes, "usable_device_memory": usable,
           "compiled_flops_per_optimizer_step": _flops_per_optimizer_step(compiled, accumulation),
-          "fits": largest.memory_bytes <= usable}
+          "fits": largest.memory_bytes <= usable, **decoding_memory}
+
+
+def _shard_bytes(tree, shardings) -> int:
+  """Bytes that one device holds of a tree of arrays placed by `shardings` (its largest
+  shard of each)."""
+  return sum(math.prod(s.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+             for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+
+
+def _training_decode_memory(abstract_state, state_sharding, compiled) -> dict:
+  """What the trainer holds per device around its validation decoding (trainer.py
+  evaluate_translations), beside the programs: the training state as sharded
+  (`state_bytes_per_device`); the decoding's copy of the parameters, whole on each device
+  (`decode_copy_bytes_per_device`: parameters that training already keeps whole on every
+  device are read in place, the others are gathered into it: FSDP, a `model` axis); while
+  decoding, the state beside the greedy decoding's program, whose arguments hold that copy
+  (`compiled_memory_while_decoding`); and what every later training step would hold if the
+  copy were kept after the decoding, as the trainer did before it dropped it
+  (`compiled_memory_training_with_decode_copy`: the largest training program + the copy). The
+  copy lives between the programs, so no compiled program shows it alone."""
+  params, placements = abstract_state.params, state_sharding.params
+  whole = [(x, s) for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(placements))]
+  copy = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x, s in whole
+             if not s.is_fully_replicated)
+  state = _shard_bytes(abstract_state, state_sharding)
+  figures = {"state_bytes_per_device": state, "decode_copy_bytes_per_device": copy}
+  by_name = {p.name: p for p in compiled}
+  if "greedy_decode" in by_name:
+    in_place = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x, s in whole
+                   if s.is_fully_replicated)  # already counted among the decoding's arguments
+    figures["compiled_memory_while_decoding"] = (state - in_place
+                                                 + by_name["greedy_decode"].memory_bytes)
+  training = [p for p in compiled if p.name not in ("eval_step", "greedy_decode")
+              and not p.name.startswith("evaluate_")]
+  if training:
+    figures["compiled_memory_training_with_decode_copy"] = (
+        max(p.memory_bytes for p in training) + copy)
+  return figures
 
 
 def training_decode_sentences(config) -> int:
@@ -285,6 +329,10 @@ def plan_lines(result: dict) -> list[str]:
             f"device_memory: {result['device_memory']}",
             f"usable_device_memory: {result['usable_device_memory']}",
             f"fits: {'yes' if result['fits'] else 'no'}",
+            *(f"{key}: {result[key]}" for key in (
+                "state_bytes_per_device", "decode_copy_bytes_per_device",
+                "compiled_memory_while_decoding", "compiled_memory_training_with_decode_copy")
+              if key in result),
             f"compiled_flops_per_optimizer_step: {result['compiled_flops_per_optimizer_step']:.6g}"]
   return lines
 

@@ -7,6 +7,12 @@ would be averaged into everyone's. So at start every host contributes a few fact
 digests of the vocabulary and batch plan, the checkpoint steps it sees), all of them are
 gathered (process_zero.gathered), and every host compares them in the same order: the first
 fact that differs stops every host with the same line, naming the fact and the host.
+
+What each host reads for itself before it can compare anything (the config file named by
+--config, a trained run's config in its workdir) can fail on one host alone (a file missing from
+its disk): `stop_if_any_failed` and `on_every_host` make that host's error stop every host at
+once, each in one line, instead of leaving the others waiting in a collective for one that has
+stopped, until JAX's timeouts.
 """
 import hashlib
 import json
@@ -19,6 +25,36 @@ from aiayn_flax import process_zero
 
 class HostsDisagree(ValueError):
   pass
+
+
+class AnotherHostFailed(ValueError):
+  """Raised on every other process when one failed at work that each does for itself."""
+
+
+def stop_if_any_failed(name: str, error: str | None) -> None:
+  """Every process passes what it failed at (`error`, one line) or None; where any failed,
+  raises on every process: AnotherHostFailed naming the first process that failed and its
+  error, on the processes that did not (the one that did raises its own error itself). Every
+  process must call it, after joining (cluster.initialize_distributed)."""
+  if jax.process_count() == 1:
+    return
+  errors = process_zero.gathered(error)
+  failed = [(process, e) for process, e in enumerate(errors) if e]
+  if failed and not error:
+    process, first = failed[0]
+    raise AnotherHostFailed(f"process {process} stopped at {name}: {first}")
+
+
+def on_every_host(name: str, work):
+  """work() on every process; where it raises on any, every process stops: that process with
+  its own error, the others with AnotherHostFailed naming it (stop_if_any_failed)."""
+  try:
+    result = work()
+  except Exception as e:
+    stop_if_any_failed(name, f"{type(e).__name__}: {e}")
+    raise
+  stop_if_any_failed(name, None)
+  return result
 
 
 def check(facts: dict, hints: dict | None = None) -> None:

@@ -113,6 +113,17 @@ def data_parallel_mesh(devices=None) -> Mesh:
   return make_mesh("data:-1", devices)  # across every slice: dcn_mesh's default
 
 
+def over_decoding_devices(per_device: int, mesh: Mesh | None = None) -> int:
+  """A decoding batch's limit (sentences, padded source tokens) over the decoding mesh
+  (default: every device of every process, `data_parallel_mesh`): `per_device` for each of
+  its data devices. config.decode_batch_size and evaluate.py's and translate.py's --batch_size
+  and --max_tokens count per device, as the Flax WMT example's eval_per_device_batch_size,
+  MaxText's per_device_batch_size and fairseq's --max-tokens do: one config fills every chip
+  of a pod slice, where a global count would leave most rows of each batch padding (64
+  sentences on 64 chips: one each). On one device: the count as given."""
+  return per_device * data_parallel_size(mesh if mesh is not None else data_parallel_mesh())
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P("data"))
 

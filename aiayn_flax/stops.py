@@ -9,6 +9,10 @@ value everywhere, hence the same stop step and the same exit status (SIGTERM win
 Reading it one call late keeps the host from waiting for the step it has just dispatched; it
 works for any steps_per_call, where JAX's preemption sync point names one exact step that a
 loop advancing K steps at a time can jump over.
+
+The same agreement stops a run whose workdir lease another run has taken over (process 0
+holds the lease: workdir_lease.py): it contributes LEASE_LOST_CODE, above every signal, and
+every process stops with LEASE_LOST, saving nothing.
 """
 import os
 import signal
@@ -22,6 +26,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 # Test-only: "SIGTERM:30" makes the trainer send itself SIGTERM once its step reaches 30 (SIGINT
 # and SIGKILL likewise), so that tests interrupt a run at a known step instead of racing it.
 TEST_SIGNAL_VARIABLE = "AIAYN_TEST_SIGNAL_AT_STEP"
+# What `poll` returns when the workdir's lease was lost, and the value that says so in the
+# reduction (above every signal's number: it wins over a signal caught at the same time).
+LEASE_LOST = "lease lost"
+LEASE_LOST_CODE = 1000
 
 
 class StopSignals:
@@ -50,14 +58,18 @@ class StopSignals:
 
 class StopAgreement:
   """`poll(step)` after each call of the train step: the signal every process agreed to stop
-  for, or None. Alone, the signal this process caught; with several processes, the strongest
-  signal any of them had caught one call earlier. Every process must call it equally often.
+  for (LEASE_LOST where the workdir's lease was lost), or None. Alone, the signal this process
+  caught; with several processes, the strongest signal any of them had caught one call
+  earlier. Every process must call it equally often.
 
   `wait`: block until each reduction is done (simulated CPU devices can deadlock on
-  collectives dispatched ahead, see the trainer's wait_each_step)."""
+  collectives dispatched ahead, see the trainer's wait_each_step). `lease_lost`: the
+  threading.Event of this process's workdir lease (workdir_lease.Lease.lost; None on the
+  processes that hold none)."""
 
-  def __init__(self, signals: StopSignals, wait: bool = False):
+  def __init__(self, signals: StopSignals, wait: bool = False, lease_lost=None):
     self.signals, self._wait, self._pending = signals, wait, None
+    self._lease_lost = lease_lost
     self._test_signal = _test_signal()
     if jax.process_count() > 1:
       by_process = [[d for d in jax.devices() if d.process_index == p]
@@ -72,14 +84,18 @@ class StopAgreement:
                       self._test_signal[0].name, step)
       signal.raise_signal(self._test_signal[0])  # its handler has run when this returns
       self._test_signal = None
+    lost = self._lease_lost is not None and self._lease_lost.is_set()
     if jax.process_count() == 1:
-      return self.signals.requested
+      return LEASE_LOST if lost else self.signals.requested
     agreed = int(self._pending) if self._pending is not None else 0
     caught = signal.Signals[self.signals.requested].value if self.signals.requested else 0
+    caught = LEASE_LOST_CODE if lost else caught
     self._pending = self._strongest(jax.make_array_from_process_local_data(
         self._caught, np.array([caught], np.int32), (jax.process_count(),)))
     if self._wait:
       jax.block_until_ready(self._pending)
+    if agreed == LEASE_LOST_CODE:
+      return LEASE_LOST
     return signal.Signals(agreed).name if agreed else None
 
 

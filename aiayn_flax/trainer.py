@@ -233,21 +233,22 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   """Trains `config` in `workdir`, resuming from its latest checkpoint. Returns final metrics,
   with the final parameters' digest. Refuses a workdir that a live run holds."""
   config_checks.check_config(config)
-  with workdir_lease.held(workdir):  # one run per workdir
+  with workdir_lease.held(workdir) as lease:  # one run per workdir (process 0 holds it)
     # Before any host reads data: the hosts must share the workdir (the vocabulary, the token
     # cache and the checkpoints are there), which they do if all see process 0's lease.
     # And they must train the same config: checked now, as a config that tokenizes otherwise
     # would stop one host alone at the token cache.
-    lease = workdir_lease.read_lease(paths.workdir_path(workdir) / workdir_lease.LEASE_FILENAME)
+    seen = workdir_lease.read_lease(paths.workdir_path(workdir) / workdir_lease.LEASE_FILENAME)
     host_agreement.check({
-        "view of the workdir's run.lease": (lease or {}).get("run"),
+        "view of the workdir's run.lease": (seen or {}).get("run"),
         "config": config_dict(config)}, {
         "view of the workdir's run.lease": f"{workdir} must be one folder that every host of "
         "the run sees (gs://BUCKET/..., or a filesystem all hosts mount), not a local disk"})
-    return _train_and_evaluate(config, workdir, force_resume)
+    return _train_and_evaluate(config, workdir, force_resume, lease)
 
 
-def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
+def _train_and_evaluate(config, workdir: str, force_resume: bool,
+                        lease: workdir_lease.Lease | None) -> dict:
   workdir = str(paths.workdir_path(workdir))  # a local folder or gs://bucket/run
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh, dcn_spec=config.dcn_mesh)
@@ -307,7 +308,9 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
             config, config.dataset.eval_split)])
     translator = Translator(model, None, vocab, beam_size=1,
                             extra_length=config.decode_extra_length,
-                            batch_size=config.decode_batch_size,
+                            # per device: over every device (the translator's mesh)
+                            batch_size=sharding.over_decoding_devices(
+                                config.decode_batch_size),
                             constraint_for=task.decoding_constraint(vocab))
   # Simulated CPU devices can deadlock on collectives dispatched far ahead; wait for each step.
   wait_each_step = jax.default_backend() == "cpu" and jax.device_count() > 1
@@ -322,6 +325,13 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
               "versions": provenance.software_versions()}
 
   def save(step):
+    # Not into a workdir that another run has taken over (this one's heartbeat went stale):
+    # process 0 reads the lease, and every process stops with its verdict (LeaseLost there).
+    try:
+      process_zero.read_once("the workdir's lease", lambda: lease and lease.check_still_ours())
+    except Exception:
+      mngr.wait_until_finished()  # a checkpoint begun while this run held the workdir
+      raise
     checkpoints.save(mngr, step, state, {"position": position.__dict__} | run_meta)
 
   step = start_step = int(state.step)
@@ -331,7 +341,8 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
   with stops.StopSignals() as signals, contextlib.closing(prefetch.prefetched(
       train_batches.iterate(position, rows_of=input_rows.rows_of),
       config.prefetch_batches)) as batches:
-    stop_agreement = stops.StopAgreement(signals, wait=wait_each_step)
+    stop_agreement = stops.StopAgreement(signals, wait=wait_each_step,
+                                         lease_lost=lease.lost if lease else None)
     runs = RunsOfOneShape(batches)
     while step < config.num_train_steps:
       if steps_per_call > 1:  # up to steps_per_call steps of one shape, stopping at events
@@ -375,6 +386,9 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool) -> dict:
               f"{mngr.latest_step()} in {mngr.directory}")
 
       stopped_by = stop_agreement.poll(step)
+      if stopped_by == stops.LEASE_LOST:  # another run owns the workdir now: save nothing
+        mngr.wait_until_finished()  # a checkpoint begun while this run held it
+        raise workdir_lease.lost_error(lease)
       if step % config.checkpoint_every_steps == 0 or last or stopped_by:
         save(step)
       if stopped_by:

@@ -30,7 +30,9 @@ taken over from a stopped run, or on Cloud Storage (no exclusive create), is wri
 SETTLE_SECONDS for any rival's write to land, and read back: the run that finds its own is the
 one that trains, the others refuse, naming it. Each renewal reads the lease first and stops
 renewing (`lost`, logged) where another run has taken it over: it never writes over the new
-holder's lease.
+holder's lease. The trainer then stops without saving anything more (`check_still_ours`
+before each checkpoint, and the hosts' stop agreement between them: stops.py), with
+LeaseLost: one line naming the run that took the workdir over.
 """
 import contextlib
 import datetime
@@ -56,6 +58,10 @@ SETTLE_SECONDS = 2.0
 
 class WorkdirInUse(ValueError):
   pass
+
+
+class LeaseLost(RuntimeError):
+  """Another run took this run's workdir over while it trained: it stops, saving nothing."""
 
 
 # The runs whose leases this process holds: a lease naming this process's pid is live only if
@@ -155,6 +161,7 @@ class Lease:
                    "pid_namespace": pid_namespace(),
                    "pid_started": process_start_time(os.getpid())}
     self.lost = threading.Event()  # set when another run has taken the lease over
+    self.taken_over_by: dict | None = None  # that run's lease
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._renew, name="workdir-lease", daemon=True)
 
@@ -189,17 +196,34 @@ class Lease:
   def _renew(self) -> None:
     while not self._stop.wait(HEARTBEAT_SECONDS):
       try:
-        holder = read_lease(self.path)
-        if holder and holder.get("run") != self.record["run"]:
+        if self._taken_over():
           # Taken over (this run's heartbeat went stale: a stopped VM, a slow bucket): two
           # runs share the workdir now, and this one must not write over the other's lease.
           logging.error("%s: the workdir's lease was taken over by %s; this run no longer "
-                        "holds it and stops renewing it", self.path, describe(holder))
-          self.lost.set()
+                        "holds it, stops renewing it, and stops training without saving",
+                        self.path, describe(self.taken_over_by))
           return
         self._write(time.time())
       except OSError as e:  # a transient storage error: the next heartbeat tries again
         logging.warning("%s: could not renew the lease: %s", self.path, e)
+
+  def _taken_over(self) -> bool:
+    """Whether another run's lease is in the file now (then `lost` and `taken_over_by` are
+    set); a lease missing or unreadable for a moment is not another run's: the next renewal
+    writes this run's again."""
+    if self.lost.is_set():
+      return True
+    holder = read_lease(self.path)
+    if holder and holder.get("run") != self.record["run"]:
+      self.taken_over_by = holder
+      self.lost.set()
+    return self.lost.is_set()
+
+  def check_still_ours(self) -> None:
+    """Raises LeaseLost where another run has taken the lease over (found now or by a
+    renewal): before a checkpoint, which would otherwise be written into that run's workdir."""
+    if self._taken_over():
+      raise lost_error(self)
 
   def is_ours(self) -> bool:
     lease = read_lease(self.path)
@@ -237,6 +261,18 @@ def take(workdir) -> Lease:
   logging.info("%s: this run's lease (host %s, pid %d)", path, lease.record["host"],
                lease.record["pid"])
   return lease
+
+
+def lost_error(lease: Lease | None) -> LeaseLost:
+  """The one line that stops a run whose lease was taken over: naming the run that took it
+  where this process held the lease (process 0), else saying process 0 found it."""
+  if lease is None or lease.taken_over_by is None:
+    return LeaseLost("process 0 found the workdir's lease taken over by another run: this run "
+                     "no longer owns the workdir and stopped without saving a checkpoint")
+  return LeaseLost(f"{lease.path.parent} was taken over by {describe(lease.taken_over_by)} "
+                   "while this run trained (its heartbeat had gone stale, or its lease was "
+                   "removed): it no longer owns the workdir and stopped without saving a "
+                   "checkpoint")
 
 
 def _in_use(workdir, path: epath.Path, holder: dict) -> WorkdirInUse:

@@ -123,6 +123,9 @@ def get_config(row: str = ""):
   c.length_penalty_alpha = 0.6
   c.decode_extra_length = 50
   c.average_last_checkpoints = 5
+  # Sentences per decoding batch on each device (a batch holds this x the devices' sentences,
+  # as Flax WMT's eval_per_device_batch_size and MaxText's per_device_batch_size count):
+  # training's validation BLEU, evaluate.py and translate.py (their --batch_size too).
   c.decode_batch_size = 64
   # A parser's decoder writes only trees over the input's words (aiayn_flax/parsing/
   # constrained.py); False: plain beam search, the output repaired into a tree afterwards, as

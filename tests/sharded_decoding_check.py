@@ -1,7 +1,8 @@
 """Run by test_decoding.py in a process with 8 simulated CPU devices: the Translator decoding
 data-parallel over the 8 (each batch's rows split, padded with empty rows to a multiple of 8)
 gives exactly the translations and n-best scores of a Translator on one device, greedy and
-beam 4, with batches that 8 does not divide."""
+beam 4, with batches that 8 does not divide; and a decoding batch size counted per device
+(config.decode_batch_size) fills the 8 devices with the translations of one."""
 import os
 import sys
 
@@ -70,7 +71,41 @@ def main():
     words = sum(len(text.split()) for nbest in on_eight for text, _ in nbest)
     print(f"beam {beam_size}: {len(sentences)} sentences, the same {beam_size}-best lists "
           f"({words} symbols)")
+  check_batch_size_per_device(model, params, vocab, sentences, one, eight)
   print("OK")
+
+
+def check_batch_size_per_device(model, params, vocab, sentences, one, eight):
+  """config.decode_batch_size (and evaluate.py's and translate.py's --batch_size) counts per
+  device: 2 is a batch of 2 sentences on one device and of 16 on eight (the trainer, evaluate.py
+  and translate.py size their Translator with sharding.over_decoding_devices), so eight devices
+  decode the 13 sentences in one batch of 16 rows, 2 on each device, where a global 2 would
+  leave 6 of every 8 rows padding; the translations are those of one device, whose batches
+  hold 2 sentences."""
+  assert sharding.over_decoding_devices(2) == sharding.over_decoding_devices(2, eight) == 16
+  assert sharding.over_decoding_devices(2, one) == 2
+  for beam_size in (1, 4):
+    kwargs = dict(beam_size=beam_size, extra_length=10, num_results=beam_size)
+    on_one = Translator(model, params, vocab, mesh=one,
+                        batch_size=sharding.over_decoding_devices(2, one), **kwargs)
+    assert len(on_one.batch_shapes(sentences)) > 1  # several batches of 2 on one device
+    on_one = on_one.translate_nbest(sentences)
+    translator = Translator(model, params, vocab,  # every device, as the trainer's
+                            batch_size=sharding.over_decoding_devices(2), **kwargs)
+    calls, decode = [], translator._decode
+
+    def recording_decode(params, inputs):
+      calls.append((inputs.shape, {s.data.shape for s in inputs.addressable_shards}))
+      return decode(params, inputs)
+    translator._decode = recording_decode
+    on_eight = translator.translate_nbest(sentences)
+    assert calls == [((16, 32), {(2, 32)})], calls  # one batch: 13 sentences + 3 empty rows
+    assert [[text for text, _ in nbest] for nbest in on_eight] == [
+        [text for text, _ in nbest] for nbest in on_one], (beam_size, on_one, on_eight)
+    np.testing.assert_allclose([score for nbest in on_eight for _, score in nbest],
+                               [score for nbest in on_one for _, score in nbest], rtol=1e-5)
+    print(f"beam {beam_size}, 2 sentences per device: one batch of 16 rows on 8 devices, the "
+          "translations of batches of 2 on one")
 
 
 if __name__ == "__main__":

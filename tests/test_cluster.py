@@ -4,6 +4,7 @@ themselves, with real processes, are in test_multi_host.py."""
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -197,3 +198,21 @@ def test_the_sbatch_script_runs_one_task_per_gpu_each_seeing_the_nodes_gpus(tmp_
   # Every GPU of the node visible to every task (NVLink for NCCL), one task per GPU.
   assert {"--ntasks-per-node=8", "--gpus-per-node=8", "--signal=TERM@300"} <= set(directives)
   assert not [d for d in directives if d.startswith("--gpus-per-task")]
+
+
+@pytest.mark.parametrize("environ,maybe", [
+    ({}, False), ({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}, True),
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"}, True),
+    ({"PMIX_RANK": "0"}, True), ({"TPU_WORKER_HOSTNAMES": "w0,w1"}, True)])
+def test_whether_a_failed_start_may_have_others_to_tell_is_read_from_variables(environ, maybe):
+  # (train.py joins the others to hand them a config that failed to load only where it may.)
+  assert cluster.maybe_launched_with_others(environ) is maybe
+
+
+def test_importing_cluster_imports_no_jax():
+  # A config typo stays one line: train.py asks maybe_launched_with_others before any jax
+  # (whose start logs its own lines).
+  probe = subprocess.run([sys.executable, "-c", "import sys, aiayn_flax.cluster; "
+                          "print('jax' in sys.modules)"], cwd=REPO, capture_output=True,
+                         text=True)
+  assert probe.stdout.strip() == "False", probe.stderr[-2000:]

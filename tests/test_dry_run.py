@@ -194,6 +194,7 @@ def test_the_bucket_compiled_is_the_one_that_needs_the_most_memory(monkeypatch):
 def test_multi_host_tpu_slices_compile(target, hosts, devices_):
   config = toy.get_config()
   config.tokens_per_batch = 2000  # enough rows for 32 data shards
+  config.decode_batch_size = -(-200 // devices_)  # per device: 200 sources or a few more
   result = compiled_plan.compile_run(config, target)
   assert result["target_hosts"] == hosts == accelerator_targets.target(target).hosts
   assert result["target_devices"].startswith(f"{devices_} x TPU v")
@@ -201,10 +202,10 @@ def test_multi_host_tpu_slices_compile(target, hosts, devices_):
   assert names == ["train_step", "eval_step", "greedy_decode", "evaluate_greedy_decode"]
   train = result["programs"][0]
   assert ("all-reduce", devices_) in train.collectives  # the gradient sum crosses every host
-  # Decoding spans every device of every host: 200 sources padded to a multiple of the devices,
-  # split over them, the parameters whole on each (no all-gather); the one collective is the
+  # Decoding spans every device of every host: decode_batch_size sources on each (it counts
+  # per device), the parameters whole on each (no all-gather); the one collective is the
   # loop's test that every row has finished.
-  rows = -(-200 // devices_) * devices_
+  rows = config.decode_batch_size * devices_
   for decoding in result["programs"][2:]:
     assert decoding.shape == f"{rows}x16", decoding
     assert decoding.collectives == (("all-reduce", devices_),), decoding
@@ -289,3 +290,35 @@ def test_a_mistyped_config_path_names_the_configs_there_are():
   assert result.stderr.strip().splitlines() == [
       "train.py: error: --config=configs/multi30.py: no such file 'configs/multi30.py'; the "
       f"configs: {', '.join(configs)}"]
+
+
+def test_the_decoding_copy_of_fsdp_parameters_is_counted_beside_the_training_state():
+  """What the trainer holds around its validation decoding, per device, beside the programs:
+  its state as sharded; the decoding's copy of the parameters that training splits (FSDP),
+  whole on each device, not of those it keeps whole (read in place); while decoding, the state
+  and the greedy decoding's program; and every later step, had the copy been kept."""
+  from typing import NamedTuple
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  import numpy as np
+
+  class State(NamedTuple):
+    params: dict
+    moments: dict
+
+  chips = accelerator_targets.topology_devices(accelerator_targets.target("tpu-v4-32"))
+  mesh = Mesh(np.array(chips), ("data",))
+  split, whole = NamedSharding(mesh, P(None, "data")), NamedSharding(mesh, P())
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jax.numpy.float32)  # noqa: E731
+  state = State({"kernel": f32(8, 64), "bias": f32(8)}, {"kernel": f32(8, 64)})
+  shardings = State({"kernel": split, "bias": whole}, {"kernel": split})
+  program = lambda name, memory: compiled_plan.CompiledProgram(  # noqa: E731
+      name, "-", memory, 0, 0, 0, 0.0, ())
+  figures = compiled_plan._training_decode_memory(
+      state, shardings, [program("train_step", 10_000), program("eval_step", 50_000),
+                         program("greedy_decode", 3_000)])
+  # Per chip: 8 x 4 of each kernel (64 columns over 16 chips), the whole bias.
+  assert figures["state_bytes_per_device"] == (2 * 8 * 4 + 8) * 4
+  assert figures["decode_copy_bytes_per_device"] == 8 * 64 * 4  # the kernel, whole
+  # The decoding's arguments hold the bias it reads in place, and the copy.
+  assert figures["compiled_memory_while_decoding"] == 2 * 8 * 4 * 4 + 3_000
+  assert figures["compiled_memory_training_with_decode_copy"] == 10_000 + 8 * 64 * 4

@@ -107,6 +107,7 @@ def test_the_data_axis_spans_the_slices_and_the_model_axis_stays_in_one(two_v5e_
 def test_a_run_compiles_for_two_slices(two_v5e_16_slices):
   config = toy.get_config()
   config.tokens_per_batch, config.dcn_mesh = 2000, "data:2"  # rows for 32 data shards
+  config.decode_batch_size = 7  # sources per chip: 224 on the 32
   result = compiled_plan.compile_run(config, "tpu-v5e-16x2", include=("train", "evaluate"),
                                      length=8)
   assert result["target_hosts"] == 4 and result["target_mesh"] == "data:32"
@@ -114,8 +115,8 @@ def test_a_run_compiles_for_two_slices(two_v5e_16_slices):
   # A slice's program: the gradient sum over its 16 chips, and across the slices through the
   # megascale runtime (the data-center network).
   assert {("all-reduce", 16), ("dcn-all-reduce", 0)} <= set(train.collectives), train
-  # Decoding too spans both slices: 200 rows padded to 224 (7 per chip), and the loop's stop
-  # test reduces over every row.
+  # Decoding too spans both slices: 7 rows on each of the 32 chips, and the loop's stop test
+  # reduces over every row.
   assert evaluate.name == "evaluate_greedy_decode" and evaluate.shape == "224x16"
   assert ("dcn-all-reduce", 0) in evaluate.collectives, evaluate
   assert result["fits"]

@@ -270,10 +270,11 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
     (tmp_path / f"test.{language}").write_text("".join(line + "\n" for line in lines[:40]),
                                               encoding="utf-8")
   outputs = {}
-  for processes, devices in ((1, 1), (2, 4)):
+  # The same batches of 16 sentences on both: --batch_size counts per device.
+  for processes, devices, batch_size in ((1, 1, 16), (2, 4, 2)):
     results = run_processes(
         ["evaluate.py", f"--workdir={workdir}", f"--src_file={tmp_path / 'test.en'}",
-         f"--ref_file={tmp_path / 'test.de'}", "--beam_size=4",
+         f"--ref_file={tmp_path / 'test.de'}", "--beam_size=4", f"--batch_size={batch_size}",
          f"--output_dir={tmp_path / str(processes)}"], processes, devices)
     assert [status for status, _, _ in results] == [0] * processes, results[-1][1][-3000:]
     outputs[processes] = [output for _, output, _ in results]
@@ -296,7 +297,8 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
   # translate.py on every worker, decoding over their 8 devices: the same translations,
   # printed once, by process 0.
   results = run_processes(["translate.py", f"--workdir={workdir}",
-                           f"--input={tmp_path / 'test.en'}", "--beam_size=4"], 2, 4)
+                           f"--input={tmp_path / 'test.en'}", "--beam_size=4",
+                           "--batch_size=2"], 2, 4)
   assert [status for status, _, _ in results] == [0, 0], results[1][1][-3000:]
   printed = [without_gloo_lines(stdout) for _, _, stdout in results]
   assert printed == [(one / f"{name}.hyp").read_text(), ""]
@@ -326,6 +328,30 @@ def test_an_input_process_zero_cannot_read_stops_every_process_at_once_naming_it
     [line] = [line for line in output.splitlines() if line.startswith(f"{script}: error")]
     assert line == f"{script}: error: " + (
         "" if index == 0 else f"process 0 stopped at {flag}: FileNotFoundError: ") + what
+
+
+@pytest.mark.slow
+def test_a_config_file_missing_on_one_host_stops_every_host_at_once_naming_it(hosts, tmp_path):
+  """train.py --config=FILE on 2 processes, FILE on host 0's disk only (host 1 in its own mount
+  namespace, the folder empty there): both stop within a minute, each in one line naming the
+  file (not host 0 waiting at the start for host 1 until JAX's 300 s timeout)."""
+  folder, empty = tmp_path / "configs", tmp_path / "empty"
+  folder.mkdir()
+  empty.mkdir()
+  config = folder / "mine.py"
+  config.write_text("from configs import toy\n\n\ndef get_config():\n  return toy.get_config()\n")
+  started = time.time()
+  results = run_processes(["train.py", f"--config={config}", f"--workdir={tmp_path / 'run'}"],
+                          2, 1, timeout=120, hosts=hosts,
+                          prefix_of={1: without_folder(folder, empty)})
+  assert time.time() - started < 60
+  missing = f"--config={config}: no such file {str(config)!r}; the configs: "
+  for index, (status, output, _) in enumerate(results):
+    assert status == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    [line] = [line for line in output.splitlines() if line.startswith("train.py: error")]
+    assert line.startswith("train.py: error: " + (
+        "process 1 stopped at --config: " if index == 0 else "") + missing), line
 
 
 def without_gloo_lines(stdout: str) -> str:

@@ -1,9 +1,12 @@
 """The workdir's lease after a restart: a container's new trainer often has the pid its previous
 incarnation had, and a pid can be reused by an unrelated process. The refusal of a live second
 run and the resumption after a kill are in test_multi_host_data.py; runs racing for one
-workdir, containers sharing a hostname, and a lease taken over while held are here."""
+workdir, containers sharing a hostname, and a lease taken over while held (the trainer then
+stops, saving nothing more) are here."""
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -183,3 +186,137 @@ def test_of_processes_taking_the_lease_at_the_same_instant_exactly_one_gets_it(t
   for workdir, results in zip(rounds, zip(*outcomes)):
     assert sorted(result.split(":")[0] for result in results) == ["refused", "took it"], (
         workdir.name, results)
+
+
+def test_a_lease_taken_over_is_found_before_a_checkpoint_and_a_lost_one_stays_lost(tmp_path):
+  lease = workdir_lease.take(tmp_path)  # renewals every 30 s: none during this test
+  try:
+    lease.path.unlink()  # gone for a moment (or unreadable): not another run's
+    lease.check_still_ours()
+    other = a_lease(host="another-host", run="the run that took it over", pid=1)
+    lease.path.write_text(json.dumps(other))
+    with pytest.raises(workdir_lease.LeaseLost, match=(
+        rf"^{tmp_path} was taken over by the run started then on host another-host, pid 1 "
+        r"\(last heartbeat just now\) while this run trained .* stopped without saving a "
+        "checkpoint$")):
+      lease.check_still_ours()
+    lease.path.write_text(json.dumps(lease.record))  # given back: too late, the run has stopped
+    assert lease.lost.is_set()
+    with pytest.raises(workdir_lease.LeaseLost):
+      lease.check_still_ours()
+  finally:
+    lease.release()
+
+
+def test_a_lost_lease_stops_the_run_before_any_signal_it_caught():
+  import threading
+  from aiayn_flax import stops
+  lost = threading.Event()
+  with stops.StopSignals() as signals:
+    agreement = stops.StopAgreement(signals, lease_lost=lost)
+    assert agreement.poll(1) is None
+    signals.requested = "SIGTERM"
+    assert agreement.poll(2) == "SIGTERM"
+    lost.set()
+    assert agreement.poll(3) == stops.LEASE_LOST
+
+
+def checkpoint_steps(workdir) -> set[int]:
+  """The steps of the checkpoints in workdir, those being written too (orbax's temporary
+  folders, named STEP.orbax-checkpoint-tmp-...)."""
+  folder = workdir / "checkpoints"
+  return {int(re.match(r"\d+", p.name).group()) for p in folder.iterdir()
+          if re.match(r"\d+", p.name)} if folder.exists() else set()
+
+
+@pytest.mark.slow
+def test_a_trainer_whose_lease_another_run_took_over_stops_saving_nothing_more(tmp_path):
+  """A trainer paused (SIGSTOP: a VM stopped, a process swapped out) long enough for another
+  run to take its workdir over: on resuming it saves no checkpoint into the other run's
+  workdir, and stops in one line naming that run, with status 1."""
+  from test_multi_host_data import TOY, environment, wait_for_line
+  workdir = tmp_path / "run"
+  trainer = subprocess.Popen(
+      [sys.executable, "train.py", f"--workdir={workdir}", *TOY,
+       "--config.num_train_steps=100000", "--config.log_every_steps=5",
+       "--config.checkpoint_every_steps=50"], cwd=REPO, env=environment(),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    # Paused between checkpoints: that of step 50 is written (saves are synchronous here),
+    # the next one, 45 steps on, is not begun.
+    wait_for_line(trainer, r"step 55/")
+    trainer.send_signal(signal.SIGSTOP)
+    path = workdir / workdir_lease.LEASE_FILENAME
+    other = json.loads(path.read_text()) | {
+        "host": "another-host", "pid": 1, "run": "the run that took it over",
+        "started": "then", "heartbeat": time.time(), "heartbeat_utc": "just now"}
+    path.write_text(json.dumps(other))
+    saved = checkpoint_steps(workdir)
+    trainer.send_signal(signal.SIGCONT)
+    output, _ = trainer.communicate(timeout=300)
+  finally:
+    trainer.kill()
+    trainer.wait()
+  assert trainer.returncode == 1, output[-3000:]
+  assert "Traceback" not in output, output[-3000:]
+  assert re.fullmatch(
+      rf"train\.py: error: {re.escape(str(workdir))} was taken over by the run started then on "
+      r"host another-host, pid 1 \(last heartbeat just now\) while this run trained .*",
+      output.strip().splitlines()[-1]), output[-3000:]
+  assert saved == checkpoint_steps(workdir) == {50}  # nothing saved after the takeover
+  assert json.loads(path.read_text()) == other  # the other run's lease, left in place
+
+
+@pytest.mark.slow
+def test_two_hosts_whose_lease_another_run_took_over_both_stop_saving_nothing_more(tmp_path):
+  """The same on 2 processes joined on loopback (each with its own HOME and temporary folder):
+  process 0 finds the lease taken over before the next checkpoint, and both stop there, each in
+  one line, with status 1 (not process 0 alone, the other left in a collective)."""
+  from multi_host_launch import cluster_env, reserved_port
+  from test_multi_host_data import TOY, environment, wait_for_line
+  workdir = tmp_path / "run"
+  args = [sys.executable, "train.py", f"--workdir={workdir}", *TOY,
+          "--config.num_train_steps=100000", "--config.log_every_steps=5",
+          "--config.checkpoint_every_steps=50"]
+  with reserved_port() as port, open(tmp_path / "1.out", "w+") as second_output:
+    hosts = [environment() | cluster_env(port, 2, index, 1)
+             | {"HOME": str(tmp_path / f"home{index}"), "TMPDIR": str(tmp_path / f"tmp{index}")}
+             for index in range(2)]
+    for env in hosts:
+      os.makedirs(env["HOME"])
+      os.makedirs(env["TMPDIR"])
+    first = subprocess.Popen(args, cwd=REPO, env=hosts[0], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    second = subprocess.Popen(args, cwd=REPO, env=hosts[1], stdout=second_output,
+                              stderr=subprocess.STDOUT, text=True)  # a file: it cannot fill
+    try:
+      wait_for_line(first, r"step 55/")
+      for process in (first, second):
+        process.send_signal(signal.SIGSTOP)
+      path = workdir / workdir_lease.LEASE_FILENAME
+      path.write_text(json.dumps(json.loads(path.read_text()) | {
+          "host": "another-host", "pid": 1, "run": "the run that took it over",
+          "started": "then", "heartbeat": time.time(), "heartbeat_utc": "just now"}))
+      saved = checkpoint_steps(workdir)
+      for process in (first, second):
+        process.send_signal(signal.SIGCONT)
+      outputs = [first.communicate(timeout=300)[0]]
+      second.wait(timeout=60)
+      second_output.seek(0)
+      outputs.append(second_output.read())
+    finally:
+      for process in (first, second):
+        process.kill()
+        process.wait()
+  for process, output in zip((first, second), outputs):
+    assert process.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+  taken = (r"{workdir} was taken over by the run started then on host another-host, pid 1 "
+           r"\(last heartbeat just now\) while this run trained .*").format(
+               workdir=re.escape(str(workdir)))
+  lines = [line for output in outputs for line in output.splitlines()
+           if line.startswith("train.py: error")]
+  assert re.fullmatch(rf"train\.py: error: {taken}", lines[0]), lines
+  assert re.fullmatch(rf"train\.py: error: process 0 stopped at the workdir's lease: "
+                      rf"LeaseLost: {taken}", lines[1]), lines
+  assert saved == checkpoint_steps(workdir) == {50}

@@ -34,7 +34,8 @@ def vocabulary_for(config, workdir: str, task):
   With several processes, process 0 prepares the data and trains it while the others wait,
   then they read it (process_zero.first): one process writes WORKDIR/vocab.model. A workdir's
   vocabulary is read without preparing any dataset (evaluate.py and translate.py on a trained
-  run need none, and may run where the run's data_dir is not prepared)."""
+  run need none, and may run where the run's data_dir is not prepared). `task` None: read
+  only (run_dir.load_vocabulary), an error where there is nothing to read."""
   if config.dataset.name == "toy_reverse":
     return toy.SymbolVocabulary(config.model.vocab_size)
   path = str(paths.workdir_path(workdir) / VOCAB_FILENAME)
@@ -42,6 +43,8 @@ def vocabulary_for(config, workdir: str, task):
   def make():
     if epath.Path(path).exists():
       return read()
+    if task is None:
+      raise FileNotFoundError(f"{path}: no vocabulary to read, and none is trained without a task")
     task.prepare_data(config)
     sentences = vocabulary_sample(config, task)
     logging.info("Training a %d-piece %s vocabulary on %d sentences", config.model.vocab_size,

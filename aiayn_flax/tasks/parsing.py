@@ -70,12 +70,11 @@ class Parsing:
     totals = evalb.score_corpus(references, test).all
     return {"f1": totals.f1, "exact_match": totals.complete_match / 100}
 
-  @staticmethod
-  def evaluate_split(workdir: str, config, split: str, beam_size: int, alpha: float,
+  def evaluate_split(self, workdir: str, config, split: str, beam_size: int, alpha: float,
                      average_last: int, batch_size: int, output_dir: str | None = None,
                      step: int | None = None):
     """evaluate.py for a parsing run: trees, WORKDIR/eval/<split>.gold and .tst, EVALB F1 (the
     checkpoints ending at `step`, or the newest)."""
     from aiayn_flax.parsing import evaluation
-    return evaluation.parse_and_score(workdir, config, split, beam_size, alpha, average_last,
-                                      batch_size, output_dir, step)
+    return evaluation.parse_and_score(self, workdir, config, split, beam_size, alpha,
+                                      average_last, batch_size, output_dir, step)

@@ -9,7 +9,8 @@ RENAMED_FIELDS = {"eval_bleu_sentences": "eval_decode_sentences"}
 # Fields added since, with the value that runs saved before them had in effect (a saved run
 # is read, and resumed, as if it had them).
 ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": False,
-                "model.source_token_dropout_rate": 0.0, "decode_constrained": True}
+                "model.source_token_dropout_rate": 0.0, "decode_constrained": True,
+                "dataset.pad_each_side": False}
 
 
 def with_added_fields(saved: dict) -> dict:

@@ -87,6 +87,10 @@ def get_config(row: str = ""):
       bucket_min_length=8,  # boundaries grow geometrically from here to max_length
       bucket_growth=1.25,
       bucket_quantum=8,  # boundaries are multiples of this
+      # Both sides padded to the bucket's boundary (translation: sentence pairs of similar
+      # lengths); True pads each side to its own (data/bucketing.py; parsing's trees are
+      # about twice their sentences).
+      pad_each_side=False,
   ))
 
   c.model = model_config()

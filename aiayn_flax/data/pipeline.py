@@ -89,4 +89,6 @@ def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: b
   return bucketing.TokenBucketedBatches(split_ids.sources, split_ids.targets,
                                         bucketing.boundaries_for(config.dataset),
                                         config.tokens_per_batch, batch_multiple, config.seed,
-                                        shuffle=shuffle, group=group)
+                                        shuffle=shuffle, group=group,
+                                        pad_each_side=config.dataset.pad_each_side,
+                                        quantum=config.dataset.bucket_quantum)

@@ -91,6 +91,12 @@ def get_config(row: str = ""):
       # lengths); True pads each side to its own (data/bucketing.py; parsing's trees are
       # about twice their sentences).
       pad_each_side=False,
+      # A second split of the dataset mixed into training (parsing: "silver", trees from a
+      # teacher; data/bucketing.Mix): mix_ratio of its examples per training example in each
+      # epoch, for the first mix_epochs epochs (0: all of them), then the training split alone.
+      mix_split="",
+      mix_ratio=0.0,
+      mix_epochs=0,
   ))
 
   c.model = model_config()

@@ -124,6 +124,33 @@ def side_lengths(source_lengths: np.ndarray, target_lengths: np.ndarray,
 
 
 @dataclasses.dataclass(frozen=True)
+class Mix:
+  """A second set of examples mixed into training (parsing: silver trees beside the gold ones):
+  the stream's examples are the `primary` first ones, then the mixed ones. Each epoch holds
+  every primary example and round(ratio x primary) mixed ones (all of them at most), taken in
+  turn from a reshuffled order of the mixed examples (each seen once before any is seen
+  again); from epoch `epochs` on (0: never) an epoch holds the primary examples alone.
+  A pure function of (seed, epoch), as the batches are: a resumed run sees the same mix."""
+  primary: int
+  ratio: float
+  epochs: int = 0
+
+  def members(self, total: int, seed: int, epoch: int) -> np.ndarray:
+    """The example indices of `epoch` (primary ones first), of `total` examples in all."""
+    mixed = total - self.primary
+    if mixed <= 0 or self.ratio <= 0 or (self.epochs and epoch >= self.epochs):
+      return np.arange(self.primary)
+    per_epoch = min(round(self.ratio * self.primary), mixed)
+    start = epoch * per_epoch  # in the endless sequence of reshuffled orders
+    chosen = []
+    while len(chosen) < per_epoch:
+      cycle, offset = divmod(start + len(chosen), mixed)
+      order = np.random.default_rng([seed, 1, cycle]).permutation(mixed)
+      chosen.extend(order[offset:offset + per_epoch - len(chosen)].tolist())
+    return np.concatenate([np.arange(self.primary), self.primary + np.asarray(chosen, np.int64)])
+
+
+@dataclasses.dataclass(frozen=True)
 class BatchPosition:
   """Where the batch stream stands: the next batch is number `index` of epoch `epoch`."""
   epoch: int = 0
@@ -172,7 +199,7 @@ class TokenBucketedBatches:
   def __init__(self, sources: RaggedIds, targets: RaggedIds,
                boundaries: list[int], tokens_per_batch: int, batch_multiple: int = 1,
                seed: int = 0, shuffle: bool = True, group: int = 1,
-               pad_each_side: bool = False, quantum: int = 8):
+               pad_each_side: bool = False, quantum: int = 8, mix: Mix | None = None):
     if len(sources) != len(targets):
       raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     if not len(sources):
@@ -191,14 +218,21 @@ class TokenBucketedBatches:
     self.shuffle = shuffle
     self.group = group
     self.pad_each_side = pad_each_side
+    self.mix = mix
     # bucket boundary -> (source length, target length) of its batches
     self.side_lengths = dict(zip(boundaries, side_lengths(
         self.sources.lengths(), self.targets.lengths(), boundaries, self.rows, quantum)
         if pad_each_side else zip(boundaries, boundaries)))
 
   def epoch(self, epoch: int) -> list[tuple[int, np.ndarray]]:
-    return epoch_batches(self.lengths, self.boundaries, self.rows, self.seed, epoch,
-                         self.shuffle, self.group)
+    if self.mix is None:
+      return epoch_batches(self.lengths, self.boundaries, self.rows, self.seed, epoch,
+                           self.shuffle, self.group)
+    members = self.mix.members(len(self.lengths), self.seed, epoch)
+    return [(boundary, np.where(indices == EMPTY_ROW, EMPTY_ROW, members[indices]))
+            for boundary, indices in epoch_batches(
+                self.lengths[members], self.boundaries, self.rows, self.seed, epoch,
+                self.shuffle, self.group)]
 
   def batch(self, boundary: int, indices: np.ndarray) -> dict[str, np.ndarray]:
     source_length, target_length = self.side_lengths[boundary]
@@ -231,6 +265,8 @@ class TokenBucketedBatches:
     digest.update(np.ascontiguousarray(self.lengths, np.int64).tobytes())
     if self.pad_each_side:  # (a run saved before the option has the digest without it)
       digest.update(json.dumps(sorted(self.side_lengths.items())).encode())
+    if self.mix is not None:
+      digest.update(json.dumps(dataclasses.asdict(self.mix)).encode())
     return digest.hexdigest()
 
   def padding_fraction(self) -> float:

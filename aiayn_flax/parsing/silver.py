@@ -20,7 +20,7 @@ validation split (`validation_confidence` parses it the same way and scores each
 gold). The teacher's tree carries its own part-of-speech tags.
 
 Sentences are parsed in chunks of CHUNK_LINES, in parallel over the cores (one process each,
-the grammars read once before they start), and each chunk is cached under its content and the
+reading the grammars once when it starts), and each chunk is cached under its content and the
 teacher's (the training trees, the grammars, the tokenizer, `max_words`): a second call, or a
 file sharing lines with one already parsed, reads the cache; an interrupted call resumes.
 """
@@ -94,15 +94,20 @@ class Parsers:
   def __init__(self, teacher: Teacher):
     self.teacher = teacher
     self.terminal = baselines.word_classes(teacher.train)
+    built = {}  # grammar -> its parser (the back-off and the second parser are often one)
+
+    def parser_of(grammar):
+      if grammar not in built:
+        built[grammar] = cky.ViterbiCKY(baselines.induce_grammar(teacher.train, self.terminal,
+                                                                 grammar))
+      return built[grammar]
+
     self.chain = []
     grammar = teacher.grammar
     while grammar is not None:
-      self.chain.append(cky.ViterbiCKY(baselines.induce_grammar(teacher.train, self.terminal,
-                                                                 grammar)))
+      self.chain.append(parser_of(grammar))
       grammar = grammar.backoff
-    self.second = (cky.ViterbiCKY(baselines.induce_grammar(teacher.train, self.terminal,
-                                                           teacher.second))
-                   if teacher.second else None)
+    self.second = parser_of(teacher.second) if teacher.second else None
 
   def parse(self, number: int, words: list[str]) -> dict:
     record = {"line": number, "words": words, "tree": None, "log_prob_per_word": None,
@@ -143,7 +148,12 @@ def _with_words(tree, words: Sequence[str]):
   return tree
 
 
-_PARSERS: Parsers | None = None  # the workers' parsers (inherited when they fork)
+_PARSERS: Parsers | None = None  # this process's parsers (a worker builds its own)
+
+
+def _start_worker(teacher: Teacher) -> None:
+  global _PARSERS
+  _PARSERS = Parsers(teacher)
 
 
 def _parse_chunk(chunk: tuple[int, list[str], bool]) -> list[dict]:
@@ -169,8 +179,8 @@ def parse_lines(lines: Sequence[str], teacher: Teacher, cache_dir: pathlib.Path,
                 parsers: Callable[[], Parsers] | None = None,
                 tokenized: bool = False) -> tuple[list[dict], int]:
   """(one record per line, in order; the number of chunks read from the cache). `workers`: 0
-  for one per core. `parsers()`: the teacher's parsers, called only when a chunk is not in the
-  cache (default: built here). `tokenized`: the lines are treebank tokens already, split at
+  for one per core. `parsers()`: the teacher's parsers when parsing in this process, called
+  only when a chunk is not in the cache (default: built here; workers build their own). `tokenized`: the lines are treebank tokens already, split at
   spaces (the treebank's own sentences)."""
   global _PARSERS
   cache_dir.mkdir(parents=True, exist_ok=True)
@@ -188,13 +198,16 @@ def parse_lines(lines: Sequence[str], teacher: Teacher, cache_dir: pathlib.Path,
   missing = [index for index in range(len(chunks)) if index not in results]
   cached_count = len(results)
   if missing:
-    _PARSERS = parsers() if parsers else Parsers(teacher)
     workers = workers or os.cpu_count() or 1
     todo = [chunks[index] for index in missing]
     if workers > 1 and len(todo) > 1:
-      pool = multiprocessing.get_context("fork").Pool(min(workers, len(todo)))
+      # Fresh processes (spawned, not forked: the caller may hold JAX's threads), each reading
+      # the grammars once (seconds) and parsing chunks in turn.
+      pool = multiprocessing.get_context("spawn").Pool(min(workers, len(todo)), _start_worker,
+                                                       (teacher,))
       parsed = pool.imap(_parse_chunk, todo)
     else:
+      _PARSERS = parsers() if parsers else Parsers(teacher)
       pool, parsed = None, map(_parse_chunk, todo)
     try:
       for done, (index, records) in enumerate(zip(missing, parsed), 1):
@@ -242,6 +255,34 @@ def confident(records: Iterable[dict], min_log_prob_per_word: float | None = Non
       continue
     kept.append(record)
   return kept
+
+
+def training_pairs(paths: Sequence[str], leaves: str, min_agreement: float | None = None,
+                   min_log_prob_per_word: float | None = None) -> tuple[list[str], list[str]]:
+  """(sentences, linearized trees) of the silver files' trees that pass the thresholds, in file
+  order: the parsing task's "silver" split. Each tree is checked to be a tree over its words."""
+  import nltk
+  sources, targets = [], []
+  for path in paths:
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"{path}: no silver trees there; make them with python -m "
+                              "aiayn_flax.parsing.silver --out_dir=DIR TEXT_FILES "
+                              "(docs/PARSING.md), or set config.dataset.silver_files")
+    for record in confident(read_silver(path), min_log_prob_per_word, min_agreement):
+      tree = nltk.Tree.fromstring(record["tree"])
+      if tree.label() == linearize.REPAIR_ROOT and len(tree) == 1:
+        tree = tree[0]
+      if tree.leaves() != record["words"]:
+        raise ValueError(f"{path}: line {record['line']}'s tree is not over its words")
+      sources.append(" ".join(record["words"]))
+      targets.append(" ".join(linearize.linearize(tree, leaves)))
+  return sources, targets
+
+
+def file_digests(paths: Sequence[str]) -> list[list[str]]:
+  """[path, sha256 of its content] of each file (the token cache's key: new trees, new ids)."""
+  return [[path, hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+           if os.path.isfile(path) else "missing"] for path in paths]
 
 
 def validation_confidence(teacher: Teacher, dataset, cache_dir: pathlib.Path, workers: int = 0,

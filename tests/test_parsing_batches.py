@@ -213,3 +213,13 @@ def test_silver_trees_reach_training_through_the_parsing_task(parsing_train, tmp
   config.dataset.silver_files = str(tmp_path / "missing.silver.jsonl")
   with pytest.raises(FileNotFoundError, match="missing.silver.jsonl: no silver trees there"):
     list(task.text_pair_chunks(config, "silver"))
+
+
+def test_long_pairs_are_counted_per_side(parsing_train):
+  """configs/parsing_sample.py skips pairs of more than 256 pieces: on the sample, 9 training
+  trees, each too long on the target side (a tree is about twice its sentence), one of them
+  on the source side too."""
+  config, split, _ = parsing_train
+  assert split.skipped_long == 9 and split.long_targets == 9 and split.long_sources == 1
+  assert split.long_sides() == " (1 too long on the source side, 9 on the target side)"
+  assert len(split.sources) + split.skipped_long + split.skipped_empty == 3396

@@ -125,7 +125,7 @@ def test_token_cache_is_rebuilt_when_tree_leaves_change(shared_data, tmp_path):
   config.dataset.tree_leaves = "XX"
   xx_task = tasks.for_config(config)
   placeholder = tokenized.split_ids(config, vocab, "test", xx_task)
-  fresh = tokenized._tokenize(config, vocab, "test", xx_task)
+  fresh = tokenized.tokenize_split(config, vocab, "test", xx_task)
   assert placeholder.targets.flat.tolist() == fresh.targets.flat.tolist()
   assert placeholder.targets.flat.tolist() != words.targets.flat.tolist()
   assert placeholder.sources.flat.tolist() == words.sources.flat.tolist()  # the same sentences

@@ -96,7 +96,7 @@ def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
       f"token cache key of {name}",
       lambda: [str(p) if p else None for p in _cache_path_and_key(config, vocab, split, task)])
   if not path:
-    return _tokenize(config, vocab, split, task)
+    return tokenize_split(config, vocab, split, task)
   path = epath.Path(path)
 
   def make():
@@ -105,7 +105,7 @@ def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
       logging.info("%s: token ids read from %s", name, path)
       return cached
     task.prepare_data(config)  # (the vocabulary may have been read without it)
-    ids = _tokenize(config, vocab, split, task)
+    ids = tokenize_split(config, vocab, split, task)
     _write_tokenized(path, key, ids)
     logging.info("%s: token ids built by process %d of %d", name, jax.process_index(),
                  jax.process_count())
@@ -124,7 +124,8 @@ def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
   return process_zero.first(f"tokenized {name}", make, read)
 
 
-def _tokenize(config, vocab, split: str, task) -> TokenizedSplit:
+def tokenize_split(config, vocab, split: str, task) -> TokenizedSplit:
+  """A split's token ids, tokenized afresh (no cache read or written)."""
   return _tokenize_chunks(task.text_pair_chunks(config, split), vocab,
                           config.dataset.max_length)
 

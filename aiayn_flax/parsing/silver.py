@@ -5,7 +5,7 @@
 
 Each input line is one sentence. It is tokenized as the treebank is (nltk's Treebank
 tokenizer: `don't` -> `do n't`, `"` -> `` and '', brackets -> -LRB- ...), parsed by the
-teacher, the strongest baseline here (baselines.KLEIN_MANNING: the PCFG of the treebank's
+teacher, the strongest baseline here (baselines.PARENT_ANNOTATED_H2: the PCFG of the treebank's
 training trees with parent annotation and h=2, the vanilla PCFG where it has no parse), and
 written as one JSON object per input line to OUT_DIR/<file name>.silver.jsonl:
 
@@ -73,7 +73,7 @@ class Teacher:
   """The grammars that parse: the teacher (`grammar`, with its back-off) and the second parser
   whose agreement is a confidence, all read off `train` (the treebank's training trees)."""
   train: tuple
-  grammar: baselines.Grammar = baselines.KLEIN_MANNING
+  grammar: baselines.Grammar = baselines.PARENT_ANNOTATED_H2
   second: baselines.Grammar | None = baselines.VANILLA
   max_words: int = 50
 

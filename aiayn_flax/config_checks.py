@@ -11,7 +11,9 @@ RENAMED_FIELDS = {"eval_bleu_sentences": "eval_decode_sentences"}
 ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": False,
                 "model.source_token_dropout_rate": 0.0, "decode_constrained": True,
                 "dataset.pad_each_side": False, "dataset.mix_split": "",
-                "dataset.mix_ratio": 0.0, "dataset.mix_epochs": 0}
+                "dataset.mix_ratio": 0.0, "dataset.mix_epochs": 0, "dataset.silver_files": "",
+                "dataset.silver_min_agreement": 0.0,
+                "dataset.silver_min_log_prob_per_word": -100.0}
 
 
 def with_added_fields(saved: dict) -> dict:

@@ -97,6 +97,13 @@ def get_config(row: str = ""):
       mix_split="",
       mix_ratio=0.0,
       mix_epochs=0,
+      # Parsing's silver trees (python -m aiayn_flax.parsing.silver), the split "silver" that
+      # configs/parsing_silver.py mixes in: comma-separated .silver.jsonl files, and the
+      # confidences a tree needs (0 / -100: no threshold; chosen on validation). Here so that
+      # every run's config has them (a resumed run compares its fields with the saved ones).
+      silver_files="",
+      silver_min_agreement=0.0,
+      silver_min_log_prob_per_word=-100.0,
   ))
 
   c.model = model_config()

@@ -37,12 +37,6 @@ def get_config():
       max_length=512,
       pad_each_side=True,  # sentences are about half their trees' length (data/bucketing.py)
   )
-  # Silver trees (python -m aiayn_flax.parsing.silver), used when dataset.mix_split is
-  # "silver" (configs/parsing_silver.py): comma-separated .silver.jsonl files, and the
-  # confidences a tree needs (0 / -100: no threshold; choose them on validation).
-  c.dataset.silver_files = ""
-  c.dataset.silver_min_agreement = 0.0
-  c.dataset.silver_min_log_prob_per_word = -100.0
   c.dataset.treebank_dir = ""  # the LDC's parsed/mrg/wsj folder; "": NLTK's public sample
   c.dataset.tree_leaves = "XX"  # Vinyals et al.'s linearization, which the paper followed
   c.model.update(vocab_size=16000, d_model=1024, num_layers=4)

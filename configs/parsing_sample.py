@@ -40,12 +40,6 @@ def get_config():
       # (data/bucketing.py), 38% of the source positions padding instead of 57%.
       pad_each_side=True,
   )
-  # Silver trees (python -m aiayn_flax.parsing.silver), used when dataset.mix_split is
-  # "silver" (configs/parsing_silver.py): comma-separated .silver.jsonl files, and the
-  # confidences a tree needs (0 / -100: no threshold; choose them on validation).
-  c.dataset.silver_files = ""
-  c.dataset.silver_min_agreement = 0.0
-  c.dataset.silver_min_log_prob_per_word = -100.0
   c.dataset.treebank_dir = ""  # NLTK's sample
   # Words, not XX, in the linearized trees: on 3,396 trees a model writing XX plateaued at F1
   # 5 (it never learned which input word it had reached); copying the words teaches that

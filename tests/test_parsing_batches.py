@@ -223,3 +223,20 @@ def test_long_pairs_are_counted_per_side(parsing_train):
   assert split.skipped_long == 9 and split.long_targets == 9 and split.long_sources == 1
   assert split.long_sides() == " (1 too long on the source side, 9 on the target side)"
   assert len(split.sources) + split.skipped_long + split.skipped_empty == 3396
+
+
+def test_a_run_saved_before_these_fields_resumes_as_it_was_trained():
+  """A parsing run saved before issue 45's fields resumes with them at the values it trained
+  with; the config file's new padding is the one difference, which the resumption names."""
+  import copy
+  from aiayn_flax import trainer
+  from configs import multi30k, parsing_sample
+  for get_config in (parsing_sample.get_config, multi30k.get_config):
+    current = trainer.config_dict(get_config())
+    saved = copy.deepcopy(current)
+    for field in ("pad_each_side", "mix_split", "mix_ratio", "mix_epochs", "silver_files",
+                  "silver_min_agreement", "silver_min_log_prob_per_word"):
+      del saved["dataset"][field]
+    expected = (["dataset.pad_each_side: False -> True"] if current["dataset"]["pad_each_side"]
+                else [])
+    assert trainer.resume_conflicts(saved, current) == expected

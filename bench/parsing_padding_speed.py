@@ -97,6 +97,8 @@ def main(argv):
     for name in (order if round_ % 2 == 0 else order[::-1]):
       rates[name].append(run_epoch(name))
       print(f"round {round_}: {name} {rates[name][-1]:.2f} steps/s", flush=True)
+  if not FLAGS.rounds:
+    return
   medians = {name: statistics.median(r) for name, r in rates.items()}
   print(" ; ".join(f"{name}: median {m:.2f} steps/s" for name, m in medians.items())
         + f" ; ratio {medians['each side'] / medians['one-sided']:.3f}")

@@ -69,7 +69,6 @@ def from_parts(flat_parts: list[np.ndarray], length_parts: list[np.ndarray],
   return RaggedIds(flat, offsets)
 
 
-
 def concatenate(parts: list[RaggedIds]) -> RaggedIds:
   """The sequences of `parts`, one after the other, in one RaggedIds."""
   return from_parts([part.flat[part.offsets[0]:part.offsets[-1]] for part in parts],

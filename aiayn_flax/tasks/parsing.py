@@ -1,5 +1,6 @@
 """English constituency parsing (section 6.3): sentences in, linearized trees out
 (aiayn_flax/parsing/), decoding constrained to trees over the input's words, EVALB F1."""
+
 SILVER_SPLIT = "silver"
 
 

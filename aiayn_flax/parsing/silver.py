@@ -89,7 +89,7 @@ class Teacher:
 
 
 class Parsers:
-  """The teacher's CKY parsers, built once (in the parent, before the workers fork)."""
+  """The teacher's CKY parsers, built once per process that parses."""
 
   def __init__(self, teacher: Teacher):
     self.teacher = teacher
@@ -180,8 +180,9 @@ def parse_lines(lines: Sequence[str], teacher: Teacher, cache_dir: pathlib.Path,
                 tokenized: bool = False) -> tuple[list[dict], int]:
   """(one record per line, in order; the number of chunks read from the cache). `workers`: 0
   for one per core. `parsers()`: the teacher's parsers when parsing in this process, called
-  only when a chunk is not in the cache (default: built here; workers build their own). `tokenized`: the lines are treebank tokens already, split at
-  spaces (the treebank's own sentences)."""
+  only when a chunk is not in the cache (default: built here; workers build their own).
+  `tokenized`: the lines are treebank tokens already, split at spaces (the treebank's own
+  sentences)."""
   global _PARSERS
   cache_dir.mkdir(parents=True, exist_ok=True)
   teacher_key = teacher.key() + ("tokenized" if tokenized else "")
@@ -218,10 +219,13 @@ def parse_lines(lines: Sequence[str], teacher: Teacher, cache_dir: pathlib.Path,
         results[index] = records
         if progress:
           progress(done, len(missing))
-    finally:
+    except BaseException:
       if pool:
-        pool.close()
-        pool.join()
+        pool.terminate()  # a worker's error, or an interrupt: the finished chunks are cached
+      raise
+    if pool:
+      pool.close()
+      pool.join()
   return [record for index in range(len(chunks)) for record in results[index]], cached_count
 
 

@@ -114,7 +114,7 @@ def translate_and_score() -> None:
     # Default: the run's test split (newstest2014 for WMT14 EN-DE, test2016 for Multi30k).
     testset = FLAGS.testset or f"split:{FLAGS.split or config.dataset.test_split}"
     sources, references = process_zero.read_once(
-        f"test set {testset}", lambda: run_dir.testset_pairs(testset, config))
+        f"test set {testset}", lambda: run_dir.testset_pairs(testset, config, task))
     name = testset.replace("/", "_").replace(":", "_")
     is_multi30k = testset.startswith("multi30k/") or (
         testset.startswith("split:") and config.dataset.name == "multi30k")

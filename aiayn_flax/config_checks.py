@@ -9,7 +9,11 @@ RENAMED_FIELDS = {"eval_bleu_sentences": "eval_decode_sentences"}
 # Fields added since, with the value that runs saved before them had in effect (a saved run
 # is read, and resumed, as if it had them).
 ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": False,
-                "model.source_token_dropout_rate": 0.0, "decode_constrained": True}
+                "model.source_token_dropout_rate": 0.0, "decode_constrained": True,
+                "dataset.pad_each_side": False, "dataset.mix_split": "",
+                "dataset.mix_ratio": 0.0, "dataset.mix_epochs": 0, "dataset.silver_files": "",
+                "dataset.silver_min_agreement": 0.0,
+                "dataset.silver_min_log_prob_per_word": -100.0}
 
 
 def with_added_fields(saved: dict) -> dict:
@@ -80,3 +84,10 @@ def check_config(config) -> None:
          dataset.vocab_character_coverage, "must be in (0, 1]")
   _check(dataset.bucket_quantum >= 1, "dataset.bucket_quantum", dataset.bucket_quantum,
          "must be a positive integer")
+  if dataset.get("mix_split"):
+    _check(dataset.mix_ratio > 0, "dataset.mix_ratio", dataset.mix_ratio,
+           f"must be > 0 with dataset.mix_split={dataset.mix_split!r}")
+    _check(dataset.mix_epochs >= 0, "dataset.mix_epochs", dataset.mix_epochs,
+           "must be >= 0 (0: every epoch)")
+    _check(dataset.mix_split not in (dataset.train_split, dataset.eval_split),
+           "dataset.mix_split", dataset.mix_split, "must differ from the train and eval splits")

@@ -1,5 +1,8 @@
 """A trained run's workdir as evaluate.py and translate.py see it: its config, vocabulary and
-(averaged) parameters, and the test sets it can be scored on."""
+(averaged) parameters, and the test sets it can be scored on.
+
+It imports no task (aiayn_flax/tasks/): a task's own evaluation (parsing/evaluation.py) reads
+a run through this module, so the caller hands in the task where one is needed."""
 import json
 import os
 
@@ -7,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aiayn_flax import (checkpoints, config_checks, host_agreement, paths, process_zero, tasks,
+from aiayn_flax import (checkpoints, config_checks, host_agreement, paths, process_zero,
                         train_step)
 from aiayn_flax.data import pipeline
 
@@ -49,17 +52,19 @@ def load_model_and_params(workdir: str, config, average_last: int = 1,
 
 
 def load_vocabulary(workdir: str, config):
+  """The run's vocabulary, read from its workdir (never trained here: no task is needed)."""
   path = paths.workdir_path(workdir) / pipeline.VOCAB_FILENAME
   if config.dataset.name != "toy_reverse" and not path.exists():
     raise FileNotFoundError(f"{path}: the run's vocabulary is missing")
-  return pipeline.vocabulary_for(config, workdir, tasks.for_config(config))
+  return pipeline.vocabulary_for(config, workdir, task=None)
 
 
-def testset_pairs(testset: str, config) -> tuple[list[str], list[str]]:
+def testset_pairs(testset: str, config, task) -> tuple[list[str], list[str]]:
   """(sources, references) of a named test set, in file order.
 
   "multi30k/test2016" (or test2017, test2018, test2017_mscoco, validation); "wmt14"
-  (newstest2014 EN->DE); "split:NAME" for a split of the run's own dataset. On process 0 of a
+  (newstest2014 EN->DE); "split:NAME" for a split of the run's own dataset, read by `task`
+  (tasks.for_config(config), which the caller passes). On process 0 of a
   multi-host run only (evaluate.py hands the others its lines: process_zero.read_once).
   """
   process_zero.require_process_zero(f"test set {testset}")
@@ -69,7 +74,7 @@ def testset_pairs(testset: str, config) -> tuple[list[str], list[str]]:
   if testset == "wmt14":
     return newstest2014_pairs()
   if testset.startswith("split:"):
-    return tasks.for_config(config).sources_and_references(config, testset.split(":", 1)[1])
+    return task.sources_and_references(config, testset.split(":", 1)[1])
   raise ValueError(f"--testset={testset!r}: expected multi30k/SPLIT, wmt14 or split:NAME")
 
 

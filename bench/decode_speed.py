@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from aiayn_flax import run_dir, sharding  # noqa: E402
+from aiayn_flax import run_dir, sharding, tasks  # noqa: E402
 from aiayn_flax.translator import Translator  # noqa: E402
 
 flags.DEFINE_string("workdir", "runs/multi30k", "A trained run.")
@@ -126,7 +126,7 @@ def main(argv):
   print(f"workdir: {FLAGS.workdir} (step {steps[-1]})")
   for testset in FLAGS.testsets:
     try:
-      sources, _ = run_dir.testset_pairs(testset, config)
+      sources, _ = run_dir.testset_pairs(testset, config, tasks.for_config(config))
     except Exception as e:  # noqa: BLE001 - e.g. newstest2014 offline without the data folder
       print(f"{testset}: skipped ({e})")
       continue

@@ -3,8 +3,9 @@ on a split of the treebank, beside evaluate.py's F1 on the same trees:
 
 - right-branching;
 - the vanilla PCFG (horizontal Markovization 1, no parent annotation), over the words;
-- the PCFG of Klein & Manning (2003) as far as it fits the sample (parent annotation,
-  horizontal Markovization 2; the vanilla grammar parses what it cannot), over the words;
+- the PCFG with parent annotation and horizontal Markovization 2 (the first two steps of Klein
+  & Manning 2003, not their further splits; the vanilla grammar parses what it cannot), over
+  the words;
 - (--pcfg=...,tags) the vanilla PCFG over the gold tags: it is given what the others infer, an
   upper reference only, not a peer.
 
@@ -22,15 +23,15 @@ from aiayn_flax.parsing import baselines, evalb, linearize, sentences
 
 flags.DEFINE_string("split", "validation", "Split of the treebank to score.")
 flags.DEFINE_integer("max_words", 0, "Score only sentences of at most this many words (0: all).")
-flags.DEFINE_list("pcfg", ["vanilla", "klein_manning"],
-                  "PCFGs to run: vanilla, klein_manning (both over words), tags (vanilla over "
+flags.DEFINE_list("pcfg", ["vanilla", "parent_h2"],
+                  "PCFGs to run: vanilla, parent_h2 (both over words), tags (vanilla over "
                   "gold tags, a reference).")
 flags.DEFINE_string("transformer_tst", None, "evaluate.py's WORKDIR/eval/<split>.tst, to score "
                     "on the same subset.")
 FLAGS = flags.FLAGS
 
 PCFGS = {"vanilla": (baselines.VANILLA, "words"),
-         "klein_manning": (baselines.KLEIN_MANNING, "words"),
+         "parent_h2": (baselines.PARENT_ANNOTATED_H2, "words"),
          "tags": (baselines.VANILLA, "tags")}
 
 

@@ -18,9 +18,9 @@ parsing_sample=configs/parsing_sample.py):
   3. on the TEST files, once per seed: the two modes with their chosen settings, and the
      paper's setting (beam 21, alpha 0.3, at most input + 300 tokens; --paper_beam) with the
      config's decoding mode, with its decoding time.
-The baselines (right-branching, the vanilla PCFG, the PCFG of Klein & Manning: parent
-annotation and horizontal Markovization 2; all parse words, all outputs carry the gold tags:
-aiayn_flax/parsing/baselines.py) parse the same test files. Each Transformer row is compared
+The baselines (right-branching, the vanilla PCFG, the PCFG with parent annotation and
+horizontal Markovization 2, the first two steps of Klein & Manning 2003; all parse words, all
+outputs carry the gold tags: aiayn_flax/parsing/baselines.py) parse the same test files. Each Transformer row is compared
 with each baseline by a paired bootstrap of corpus F1 over the test sentences (1,000
 resamples; the row's F1 on a resample is the mean of its seeds': aiayn_flax/parsing/
 bootstrap.py). Prints the table and writes RUNS_DIR/table.json and table.md.
@@ -48,7 +48,9 @@ flags.DEFINE_multi_string("row", ["parsing_sample=configs/parsing_sample.py"],
                           "NAME=CONFIG_FILE [--config.KEY=VALUE ...]: one configuration.")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Training seeds of every configuration.")
 flags.DEFINE_list("beams", ["4", "10"], "Beam sizes tried on the validation files.")
-flags.DEFINE_list("alphas", ["0.6", "1.0"], "Length penalty alphas tried on validation.")
+flags.DEFINE_list("alphas", ["0.6", "1.0", "1.5", "2.0"],
+                  "Length penalty alphas tried on validation (past 1.0: the best alpha of the "
+                  "first table, 1.0, was the largest tried).")
 flags.DEFINE_list("average_last", ["5", "20"], "Numbers of averaged checkpoints tried.")
 flags.DEFINE_integer("paper_beam", 21, "The paper's row: this beam, alpha 0.3, input + 300.")
 flags.DEFINE_integer("max_sentences", 0, "Decode only the first N sentences of each split "
@@ -140,6 +142,21 @@ class SeedRun:
             "checkpoint_steps": [int(s) for s in steps]}
 
 
+def training_pairs(run: "SeedRun") -> dict:
+  """Training pairs the run kept, and those it skipped as longer than dataset.max_length pieces,
+  per side (a pair may be long on both); the PCFG baselines read every training tree."""
+  from aiayn_flax import tasks
+  from aiayn_flax.data import tokenized
+  config, task = run.config, tasks.for_config(run.config)
+  ids = tokenized.split_ids(config, run.vocab, config.dataset.train_split, task)
+  if ids.long_sources is None:  # the run's cache was written before the sides were counted
+    ids = tokenized.tokenize_split(config, run.vocab, config.dataset.train_split, task)
+  trees = len(task.sources_and_references(config, config.dataset.train_split)[0])
+  return {"trees": trees, "kept": len(ids.sources), "skipped_long": ids.skipped_long,
+          "long_sources": ids.long_sources, "long_targets": ids.long_targets,
+          "skipped_empty": ids.skipped_empty, "max_length": config.dataset.max_length}
+
+
 def split_text(config, split: str) -> tuple[list[str], list[str]]:
   from aiayn_flax import tasks
   sources, gold = tasks.for_config(config).sources_and_references(config, split)
@@ -181,7 +198,7 @@ def baseline_rows(gold_config) -> dict:
     gold_trees = gold_trees[:FLAGS.max_sentences]
   gold = [linearize.evalb_line(t) for t in gold_trees]
   systems = {"right-branching": (baselines.right_branching_lines(train, gold_trees), 0)}
-  for grammar in (baselines.VANILLA, baselines.KLEIN_MANNING):
+  for grammar in (baselines.VANILLA, baselines.PARENT_ANNOTATED_H2):
     start = time.time()
     parses = baselines.pcfg_lines(train, gold_trees, grammar)
     systems[grammar.name] = (parses.lines, parses.without_parse)
@@ -247,6 +264,13 @@ def markdown(rows: list[dict], baselines_: dict, sentences_: int) -> str:
   return "\n".join(lines)
 
 
+def dropped_note(name: str, pairs: dict) -> str:
+  return (f"{name}: trained on {pairs['kept']} of the {pairs['trees']} training trees; "
+          f"{pairs['skipped_long']} skipped as longer than {pairs['max_length']} pieces "
+          f"({pairs['long_sources']} on the source side, {pairs['long_targets']} on the target "
+          f"side), {pairs['skipped_empty']} empty. The PCFGs read all {pairs['trees']}.")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -275,7 +299,8 @@ def main(argv):
       compilation_cache.enable(runs[0].config, runs[0].workdir)
     gold_config = gold_config or runs[0].config
     entry = {"config": config_file, "overrides": overrides, "training": training,
-             "seeds": [s for s, _ in done], "workdirs": [w for _, w in done], "validation": {}}
+             "seeds": [s for s, _ in done], "workdirs": [w for _, w in done], "validation": {},
+             "training_pairs": training_pairs(runs[0])}
     test = {}
     for constrained in (True, False):
       mode = "constrained" if constrained else "repaired"
@@ -308,7 +333,9 @@ def main(argv):
       report["rows"].append(transformer_row(name, labels[mode], result["per_seed"],
                                             entry["seeds"], result["decoding"], baselines_))
   sentences_ = len(next(iter(baselines_.values()))["lines"])
-  table = markdown(report["rows"], baselines_, sentences_)
+  table = markdown(report["rows"], baselines_, sentences_) + "\n\n" + "\n".join(
+      dropped_note(name, entry["training_pairs"])
+      for name, entry in report["configurations"].items())
   print(table)
   os.makedirs(FLAGS.runs_dir, exist_ok=True)
   with open(os.path.join(FLAGS.runs_dir, "table.json"), "w", encoding="utf-8") as f:

@@ -87,6 +87,23 @@ def get_config(row: str = ""):
       bucket_min_length=8,  # boundaries grow geometrically from here to max_length
       bucket_growth=1.25,
       bucket_quantum=8,  # boundaries are multiples of this
+      # Both sides padded to the bucket's boundary (translation: sentence pairs of similar
+      # lengths); True pads each side to its own (data/bucketing.py; parsing's trees are
+      # about twice their sentences).
+      pad_each_side=False,
+      # A second split of the dataset mixed into training (parsing: "silver", trees from a
+      # teacher; data/bucketing.Mix): mix_ratio of its examples per training example in each
+      # epoch, for the first mix_epochs epochs (0: all of them), then the training split alone.
+      mix_split="",
+      mix_ratio=0.0,
+      mix_epochs=0,
+      # Parsing's silver trees (python -m aiayn_flax.parsing.silver), the split "silver" that
+      # configs/parsing_silver.py mixes in: comma-separated .silver.jsonl files, and the
+      # confidences a tree needs (0 / -100: no threshold; chosen on validation). Here so that
+      # every run's config has them (a resumed run compares its fields with the saved ones).
+      silver_files="",
+      silver_min_agreement=0.0,
+      silver_min_log_prob_per_word=-100.0,
   ))
 
   c.model = model_config()

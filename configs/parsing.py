@@ -35,6 +35,7 @@ def get_config():
       # Training pairs longer than this (in pieces, either side) are skipped; a linearized
       # tree is about 2.5 tokens a word, and WSJ 02-21 sentences stay under ~150 words.
       max_length=512,
+      pad_each_side=True,  # sentences are about half their trees' length (data/bucketing.py)
   )
   c.dataset.treebank_dir = ""  # the LDC's parsed/mrg/wsj folder; "": NLTK's public sample
   c.dataset.tree_leaves = "XX"  # Vinyals et al.'s linearization, which the paper followed

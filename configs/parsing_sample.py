@@ -36,6 +36,9 @@ def get_config():
       bucket_min_length=16,
       bucket_growth=1.3,
       bucket_quantum=8,
+      # A tree is about twice its sentence's pieces: each side padded to its own length
+      # (data/bucketing.py), 38% of the source positions padding instead of 57%.
+      pad_each_side=True,
   )
   c.dataset.treebank_dir = ""  # NLTK's sample
   # Words, not XX, in the linearized trees: on 3,396 trees a model writing XX plateaued at F1

@@ -24,7 +24,7 @@ from absl import logging
 from etils import epath
 
 from aiayn_flax import paths, process_zero
-from aiayn_flax.data import bucketing, tokenized, toy, vocabulary
+from aiayn_flax.data import bucketing, ragged, tokenized, toy, vocabulary
 
 VOCAB_FILENAME = "vocab.model"
 
@@ -34,7 +34,8 @@ def vocabulary_for(config, workdir: str, task):
   With several processes, process 0 prepares the data and trains it while the others wait,
   then they read it (process_zero.first): one process writes WORKDIR/vocab.model. A workdir's
   vocabulary is read without preparing any dataset (evaluate.py and translate.py on a trained
-  run need none, and may run where the run's data_dir is not prepared)."""
+  run need none, and may run where the run's data_dir is not prepared). `task` None: read
+  only (run_dir.load_vocabulary), an error where there is nothing to read."""
   if config.dataset.name == "toy_reverse":
     return toy.SymbolVocabulary(config.model.vocab_size)
   path = str(paths.workdir_path(workdir) / VOCAB_FILENAME)
@@ -42,6 +43,8 @@ def vocabulary_for(config, workdir: str, task):
   def make():
     if epath.Path(path).exists():
       return read()
+    if task is None:
+      raise FileNotFoundError(f"{path}: no vocabulary to read, and none is trained without a task")
     task.prepare_data(config)
     sentences = vocabulary_sample(config, task)
     logging.info("Training a %d-piece %s vocabulary on %d sentences", config.model.vocab_size,
@@ -79,11 +82,28 @@ def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: b
   """TokenBucketedBatches over a split, with the filtering logged; token ids come from the
   workdir's cache after the first run (`tokenized.split_ids`). `group`: see
   `bucketing.epoch_batches`."""
-  split_ids = tokenized.split_ids(config, vocab, split, task)
-  logging.info("%s/%s: %d pairs kept, %d empty skipped, %d longer than %d tokens skipped",
-               config.dataset.name, split, len(split_ids.sources), split_ids.skipped_empty,
-               split_ids.skipped_long, config.dataset.max_length)
-  return bucketing.TokenBucketedBatches(split_ids.sources, split_ids.targets,
-                                        bucketing.boundaries_for(config.dataset),
+  split_ids = _logged_split_ids(config, vocab, split, task)
+  sources, targets, mix = split_ids.sources, split_ids.targets, None
+  dataset = config.dataset
+  if split == dataset.train_split and dataset.mix_split:
+    # A second split mixed into training at dataset.mix_ratio (parsing: silver trees).
+    mixed = _logged_split_ids(config, vocab, dataset.mix_split, task)
+    sources = ragged.concatenate([sources, mixed.sources])
+    targets = ragged.concatenate([targets, mixed.targets])
+    mix = bucketing.Mix(len(split_ids.sources), dataset.mix_ratio, dataset.mix_epochs)
+    logging.info("%s mixed into %s: %d of its %d pairs per epoch%s", dataset.mix_split, split,
+                 len(mix.members(len(sources), config.seed, 0)) - mix.primary,
+                 len(mixed.sources), f", for {mix.epochs} epochs" if mix.epochs else "")
+  return bucketing.TokenBucketedBatches(sources, targets, bucketing.boundaries_for(dataset),
                                         config.tokens_per_batch, batch_multiple, config.seed,
-                                        shuffle=shuffle, group=group)
+                                        shuffle=shuffle, group=group,
+                                        pad_each_side=dataset.pad_each_side,
+                                        quantum=dataset.bucket_quantum, mix=mix)
+
+
+def _logged_split_ids(config, vocab, split: str, task) -> tokenized.TokenizedSplit:
+  split_ids = tokenized.split_ids(config, vocab, split, task)
+  logging.info("%s/%s: %d pairs kept, %d empty skipped, %d longer than %d tokens skipped%s",
+               config.dataset.name, split, len(split_ids.sources), split_ids.skipped_empty,
+               split_ids.skipped_long, config.dataset.max_length, split_ids.long_sides())
+  return split_ids

@@ -68,3 +68,8 @@ def from_parts(flat_parts: list[np.ndarray], length_parts: list[np.ndarray],
   np.cumsum(lengths, out=offsets[1:])
   return RaggedIds(flat, offsets)
 
+
+def concatenate(parts: list[RaggedIds]) -> RaggedIds:
+  """The sequences of `parts`, one after the other, in one RaggedIds."""
+  return from_parts([part.flat[part.offsets[0]:part.offsets[-1]] for part in parts],
+                    [part.lengths() for part in parts], parts[0].flat.dtype)

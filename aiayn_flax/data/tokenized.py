@@ -36,6 +36,17 @@ class TokenizedSplit:
   targets: RaggedIds
   skipped_empty: int = 0
   skipped_long: int = 0
+  # Of the pairs skipped as too long, those whose source / target side was (a pair may count
+  # in both); None when read from a cache written before they were counted.
+  long_sources: int | None = None
+  long_targets: int | None = None
+
+  def long_sides(self) -> str:
+    """', N too long on the source side, M on the target side' (or '' when not counted)."""
+    if self.long_sources is None or not self.skipped_long:
+      return ""
+    return (f" ({self.long_sources} too long on the source side, {self.long_targets} on the "
+            "target side)")
 
 
 def tokenize_for_training(sources: list[str], targets: list[str], vocab,
@@ -49,7 +60,7 @@ def _tokenize_chunks(chunks: TextChunks, vocab, max_length: int) -> TokenizedSpl
   vocabulary allows (batches are int32 all the same: bucketing copies them into int32 rows)."""
   dtype = np.uint16 if vocab.vocab_size <= 2**16 else np.int32
   flat_parts, length_parts = ([], []), ([], [])  # (sources, targets) each
-  skipped_empty = skipped_long = 0
+  skipped_empty = skipped_long = long_sources = long_targets = 0
   for sources, targets in chunks:
     kept = ([], [])
     for s, t in zip(vocab.encode_batch(sources), vocab.encode_batch(targets)):
@@ -57,6 +68,8 @@ def _tokenize_chunks(chunks: TextChunks, vocab, max_length: int) -> TokenizedSpl
         skipped_empty += 1
       elif max(len(s), len(t)) + 1 > max_length:
         skipped_long += 1
+        long_sources += len(s) + 1 > max_length
+        long_targets += len(t) + 1 > max_length
       else:
         kept[0].append(s)
         kept[1].append(t)
@@ -68,7 +81,7 @@ def _tokenize_chunks(chunks: TextChunks, vocab, max_length: int) -> TokenizedSpl
       length_parts[side].append(lengths)
   return TokenizedSplit(ragged.from_parts(flat_parts[0], length_parts[0], dtype),
                         ragged.from_parts(flat_parts[1], length_parts[1], dtype),
-                        skipped_empty, skipped_long)
+                        skipped_empty, skipped_long, long_sources, long_targets)
 
 
 def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
@@ -83,7 +96,7 @@ def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
       f"token cache key of {name}",
       lambda: [str(p) if p else None for p in _cache_path_and_key(config, vocab, split, task)])
   if not path:
-    return _tokenize(config, vocab, split, task)
+    return tokenize_split(config, vocab, split, task)
   path = epath.Path(path)
 
   def make():
@@ -92,7 +105,7 @@ def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
       logging.info("%s: token ids read from %s", name, path)
       return cached
     task.prepare_data(config)  # (the vocabulary may have been read without it)
-    ids = _tokenize(config, vocab, split, task)
+    ids = tokenize_split(config, vocab, split, task)
     _write_tokenized(path, key, ids)
     logging.info("%s: token ids built by process %d of %d", name, jax.process_index(),
                  jax.process_count())
@@ -111,7 +124,8 @@ def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
   return process_zero.first(f"tokenized {name}", make, read)
 
 
-def _tokenize(config, vocab, split: str, task) -> TokenizedSplit:
+def tokenize_split(config, vocab, split: str, task) -> TokenizedSplit:
+  """A split's token ids, tokenized afresh (no cache read or written)."""
   return _tokenize_chunks(task.text_pair_chunks(config, split), vocab,
                           config.dataset.max_length)
 
@@ -147,13 +161,13 @@ def _read_tokenized(path: epath.Path, key: str) -> TokenizedSplit | None:
       if str(arrays["key"]) != key:
         logging.warning("%s was written for another key; tokenizing again", path)
         return None
-      skipped_empty, skipped_long = arrays["skipped"].tolist()
+      skipped_empty, skipped_long, *long_sides = arrays["skipped"].tolist()
     local = _local_copy(path)
     mapped = {name: _mapped_member(local, name) for name in (
         "source_ids", "source_offsets", "target_ids", "target_offsets")}
     return TokenizedSplit(RaggedIds(mapped["source_ids"], mapped["source_offsets"]),
                           RaggedIds(mapped["target_ids"], mapped["target_offsets"]),
-                          skipped_empty, skipped_long)
+                          skipped_empty, skipped_long, *(long_sides or [None, None]))
   except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
     logging.warning("%s: unreadable tokenized cache (%s); tokenizing again", path, e)
     return None
@@ -204,7 +218,8 @@ def _write_tokenized(path: epath.Path, key: str, tokenized: TokenizedSplit) -> N
     np.savez(f, key=np.array(key), source_ids=tokenized.sources.flat,
              source_offsets=tokenized.sources.offsets, target_ids=tokenized.targets.flat,
              target_offsets=tokenized.targets.offsets,
-             skipped=np.array([tokenized.skipped_empty, tokenized.skipped_long]))
+             skipped=np.array([tokenized.skipped_empty, tokenized.skipped_long,
+                               tokenized.long_sources, tokenized.long_targets]))
   try:
     paths.write_atomically(path, write)
     logging.info("token ids cached in %s", path)

@@ -35,6 +35,11 @@ class ViterbiCKY:
 
   def parse(self, terminals: list[str]) -> nltk.Tree | None:
     """The most probable tree over the terminals (without the start symbol), or None."""
+    return self.parse_scored(terminals)[0]
+
+  def parse_scored(self, terminals: list[str]) -> tuple[nltk.Tree | None, float]:
+    """(the most probable tree or None, its natural log-probability under the grammar, the
+    start symbol's rule included; -inf without a parse)."""
     n, count = len(terminals), len(self.symbols)
     best = np.full((n, n + 1, count), -np.inf)
     back: dict[tuple[int, int, int], tuple[int, int]] = {}  # (i, j, A) -> (rule, split)
@@ -63,8 +68,8 @@ class ViterbiCKY:
     root_scores = [(best[0, n, symbol] + logp, symbol) for symbol, logp in self.roots]
     score, symbol = max(root_scores, default=(-np.inf, None))
     if not np.isfinite(score):
-      return None
-    return self._tree(back, terminals, 0, n, symbol)
+      return None, -np.inf
+    return self._tree(back, terminals, 0, n, symbol), float(score)
 
   def _tree(self, back, terminals, i, j, symbol) -> nltk.Tree:
     label = self.symbols[symbol].symbol()

@@ -14,7 +14,7 @@ from absl import logging
 from etils import epath
 import jax
 
-from aiayn_flax import paths, process_zero, run_dir, tasks
+from aiayn_flax import paths, process_zero, run_dir
 from aiayn_flax.parsing import evalb, sentences
 from aiayn_flax.translator import Translator
 
@@ -33,13 +33,13 @@ def parse_sentences(task, model, params, vocab, sources, gold, beam_size: int, a
           for s, d, g in zip(sources, decoded, gold)], seconds
 
 
-def parse_and_score(workdir: str, config, split: str, beam_size: int, alpha: float,
+def parse_and_score(task, workdir: str, config, split: str, beam_size: int, alpha: float,
                     average_last: int, batch_size: int, output_dir: str | None = None,
                     step: int | None = None):
-  """Parses `split`, writes <split>.gold / <split>.tst under output_dir (WORKDIR/eval), prints
-  the EVALB line and returns the scores. `step`: the checkpoint of that step (with the
-  average_last - 1 before it) rather than the newest."""
-  task = tasks.for_config(config)
+  """Parses `split` as `task` (the run's tasks.Parsing, handed in: this module imports no task)
+  decodes, writes <split>.gold / <split>.tst under output_dir (WORKDIR/eval), prints the EVALB
+  line and returns the scores. `step`: the checkpoint of that step (with the average_last - 1
+  before it) rather than the newest."""
   sources, gold = process_zero.read_once(  # process 0 reads: hosts' disks may differ
       f"treebank {split}", lambda: task.sources_and_references(config, split))
   model, params, steps = run_dir.load_model_and_params(workdir, config, average_last, step)

@@ -1,5 +1,22 @@
 """English constituency parsing (section 6.3): sentences in, linearized trees out
 (aiayn_flax/parsing/), decoding constrained to trees over the input's words, EVALB F1."""
+
+SILVER_SPLIT = "silver"
+
+
+def silver_settings(dataset, leaves: str) -> tuple[list[str], str, float | None, float | None]:
+  """(silver files, leaves, min agreement, min log-probability per word) of a config's dataset
+  block (a threshold of 0 or below -50 per word: none)."""
+  paths = [p.strip() for p in dataset.get("silver_files", "").split(",") if p.strip()]
+  if not paths:
+    raise ValueError(f"config.dataset.mix_split={SILVER_SPLIT!r} needs config.dataset."
+                     "silver_files: the .silver.jsonl files of python -m aiayn_flax.parsing.silver")
+  min_agreement = dataset.get("silver_min_agreement", 0.0)
+  min_log_prob = dataset.get("silver_min_log_prob_per_word", -100.0)
+  return (paths, leaves, min_agreement if min_agreement > 0 else None,
+          min_log_prob if min_log_prob >= -50 else None)
+
+
 class Parsing:
   name = "parsing"
   metric = "f1"
@@ -14,7 +31,13 @@ class Parsing:
     return cls(sentences.tree_leaves(config.dataset), config.decode_constrained)
 
   def text_pair_chunks(self, config, split: str):
+    """A split of the treebank, or "silver": the silver trees of config.dataset.silver_files
+    that pass its thresholds (parsing/silver.py), which config.dataset.mix_split mixes in."""
     from aiayn_flax.parsing import sentences
+    if split == SILVER_SPLIT:
+      from aiayn_flax.parsing import silver
+      yield silver.training_pairs(*silver_settings(config.dataset, self.leaves))
+      return
     yield sentences.text_pairs(config.dataset, split)
 
   def sources_and_references(self, config, split: str) -> tuple[list[str], list[str]]:
@@ -36,8 +59,14 @@ class Parsing:
   def cache_key_fields(self, config) -> dict:
     """The trees' leaves (XX or words) and the treebank read change the target ids."""
     from aiayn_flax.parsing import sentences
-    return {"tree_leaves": sentences.tree_leaves(config.dataset),
-            "treebank_dir": config.dataset.get("treebank_dir", "")}
+    fields = {"tree_leaves": sentences.tree_leaves(config.dataset),
+              "treebank_dir": config.dataset.get("treebank_dir", "")}
+    if config.dataset.get("mix_split") == SILVER_SPLIT:  # the silver trees and the thresholds
+      from aiayn_flax.parsing import silver
+      paths, _, min_agreement, min_log_prob = silver_settings(config.dataset, self.leaves)
+      fields["silver"] = {"files": silver.file_digests(paths), "min_agreement": min_agreement,
+                          "min_log_prob_per_word": min_log_prob}
+    return fields
 
   def decoding_constraint(self, vocab):
     """Only well-formed trees over the input's words (parsing/constrained.py); None (plain
@@ -70,12 +99,11 @@ class Parsing:
     totals = evalb.score_corpus(references, test).all
     return {"f1": totals.f1, "exact_match": totals.complete_match / 100}
 
-  @staticmethod
-  def evaluate_split(workdir: str, config, split: str, beam_size: int, alpha: float,
+  def evaluate_split(self, workdir: str, config, split: str, beam_size: int, alpha: float,
                      average_last: int, batch_size: int, output_dir: str | None = None,
                      step: int | None = None):
     """evaluate.py for a parsing run: trees, WORKDIR/eval/<split>.gold and .tst, EVALB F1 (the
     checkpoints ending at `step`, or the newest)."""
     from aiayn_flax.parsing import evaluation
-    return evaluation.parse_and_score(workdir, config, split, beam_size, alpha, average_last,
-                                      batch_size, output_dir, step)
+    return evaluation.parse_and_score(self, workdir, config, split, beam_size, alpha,
+                                      average_last, batch_size, output_dir, step)

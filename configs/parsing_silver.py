@@ -1,0 +1,34 @@
+"""Table 4's semi-supervised row at a CPU's size: configs/parsing_sample.py trained on the
+treebank sample's gold trees with silver trees mixed in (the paper: 17M sentences parsed by the
+BerkeleyParser, "high-confidence" ones; here the English sides of the data folder parsed by the
+strongest baseline, aiayn_flax/parsing/silver.py), then on gold trees alone at the end.
+
+  python -m aiayn_flax.parsing.silver --out_dir=silver --validation \
+      $AIAYN_DATA_DIR/wmt14/newstest2013.en $AIAYN_DATA_DIR/wmt14/newstest2014.en
+  python -m aiayn_flax.parsing.silver --out_dir=silver --moses_bpe \
+      $AIAYN_DATA_DIR/wmt14/train_sample_nematus_europarl/corpus.en
+  python train.py --config=configs/parsing_silver.py --workdir=runs/parse_silver
+  python evaluate.py --workdir=runs/parse_silver --split=validation
+
+The mix (dataset.mix_ratio silver trees per gold tree in each epoch), the epochs with silver
+(dataset.mix_epochs, gold alone after) and the confidence thresholds are to be chosen on the
+validation files (docs/PARSING.md); the values below are a starting point, not a choice made on
+evidence yet. The batches are a pure function of (seed, epoch): a resumed run sees the same mix.
+"""
+from configs import parsing_sample
+
+
+def get_config():
+  c = parsing_sample.get_config()
+  c.name = "parsing_silver"
+  c.dataset.update(
+      mix_split="silver",
+      mix_ratio=1.0,  # as many silver trees as gold ones in an epoch
+      # A gold epoch is 130 steps of ~32 trees; with as many silver trees it is about twice
+      # that, so 30 epochs are about 7,800 of the 9,500 steps, then ~13 epochs of gold alone.
+      mix_epochs=30,
+      silver_files=",".join(f"silver/{name}.silver.jsonl" for name in (
+          "newstest2013.en", "newstest2014.en", "corpus.en")),
+      silver_min_agreement=0.0,  # every tree the teacher parsed (thresholds: on validation)
+  )
+  return c

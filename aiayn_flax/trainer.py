@@ -127,11 +127,17 @@ class RunsOfOneShape:
     while len(run) < limit:
       item = self._waiting or next(self._stream)
       self._waiting = None
-      if run and item[1]["inputs"].shape != run[0][1]["inputs"].shape:
+      if run and _shapes(item[1]) != _shapes(run[0][1]):
         self._waiting = item
         break
       run.append(item)
     return run
+
+
+def _shapes(batch: dict) -> tuple:
+  """Every array's shape: with each side padded to its own length (dataset.pad_each_side),
+  two batches of one source shape may differ in their targets'."""
+  return tuple((key, np.shape(value)) for key, value in sorted(batch.items()))
 
 
 def stack_batches(batches: list[dict], size: int) -> dict:

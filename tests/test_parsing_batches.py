@@ -240,3 +240,19 @@ def test_a_run_saved_before_these_fields_resumes_as_it_was_trained():
     expected = (["dataset.pad_each_side: False -> True"] if current["dataset"]["pad_each_side"]
                 else [])
     assert trainer.resume_conflicts(saved, current) == expected
+
+
+def test_a_run_of_stacked_batches_holds_one_shape_on_both_sides():
+  """With each side padded to its own length, batches of one source shape may differ in their
+  targets' shape: the trainer's runs (stacked for several steps per call) must split there."""
+  import numpy as np
+
+  from aiayn_flax import trainer
+
+  def batch(source_length, target_length):
+    return {"inputs": np.zeros((4, source_length), np.int32),
+            "targets": np.zeros((4, target_length), np.int32)}
+  stream = iter(enumerate([batch(16, 24), batch(16, 24), batch(16, 32), batch(16, 32)]))
+  runs = trainer.RunsOfOneShape(stream)
+  assert [position for position, _ in runs.take(4)] == [0, 1]
+  assert [position for position, _ in runs.take(2)] == [2, 3]  # (the trainer's stream is endless)

@@ -162,6 +162,7 @@ def _read_tokenized(path: epath.Path, key: str) -> TokenizedSplit | None:
         logging.warning("%s was written for another key; tokenizing again", path)
         return None
       skipped_empty, skipped_long, *long_sides = arrays["skipped"].tolist()
+      long_sides = [None if n < 0 else n for n in long_sides]
     local = _local_copy(path)
     mapped = {name: _mapped_member(local, name) for name in (
         "source_ids", "source_offsets", "target_ids", "target_offsets")}
@@ -218,8 +219,10 @@ def _write_tokenized(path: epath.Path, key: str, tokenized: TokenizedSplit) -> N
     np.savez(f, key=np.array(key), source_ids=tokenized.sources.flat,
              source_offsets=tokenized.sources.offsets, target_ids=tokenized.targets.flat,
              target_offsets=tokenized.targets.offsets,
+             # -1: the long pairs' sides were not counted (a split read from an older cache)
              skipped=np.array([tokenized.skipped_empty, tokenized.skipped_long,
-                               tokenized.long_sources, tokenized.long_targets]))
+                               *(-1 if n is None else n
+                                 for n in (tokenized.long_sources, tokenized.long_targets))]))
   try:
     paths.write_atomically(path, write)
     logging.info("token ids cached in %s", path)

@@ -285,8 +285,8 @@ def training_pairs(paths: Sequence[str], leaves: str, min_agreement: float | Non
 
 def file_digests(paths: Sequence[str]) -> list[list[str]]:
   """[path, sha256 of its content] of each file (the token cache's key: new trees, new ids)."""
-  return [[path, hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
-           if os.path.isfile(path) else "missing"] for path in paths]
+  from aiayn_flax import host_agreement
+  return [[path, host_agreement.file_digest(path) or "missing"] for path in paths]
 
 
 def validation_confidence(teacher: Teacher, dataset, cache_dir: pathlib.Path, workers: int = 0,

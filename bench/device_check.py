@@ -130,7 +130,7 @@ def main(argv):
   else:
     import jax
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
-          f"({jax.default_backend()})", flush=True)
+          f"({jax.default_backend()}), jax {jax.__version__}", flush=True)
     rows = []
     for size in FLAGS.sizes:
       rows.append(check(size, FLAGS.steps))

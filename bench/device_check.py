@@ -4,6 +4,7 @@ against what the dry run planned for this device.
   python bench/device_check.py --out=$OUT/device_check.md            # both sizes, ~5 minutes
   python bench/device_check.py --sizes=quickstart --steps=3 --out=x.md   # CPU: tried here first
   python bench/device_check.py --from_file=x.md --write_results       # into docs/RESULTS.md
+  python bench/device_check.py --trace_dir=/tmp/trace                 # and a profile of 3 steps
 
 For each size (configs/base.py, configs/multi30k.py) it builds the dry run's plan for the local
 device (`train.py --dry_run`: compute dtype, the batch the plan counts FLOPs on, step time at
@@ -13,7 +14,8 @@ it), then times each of the first `--steps` steps one by one: the first includes
 the step (compiled before), the rest show the steady state. It prints a markdown table row
 per size: device, batch, measured ms per step (median after the first), the plan's, the
 measured MFU, peak device memory in use (the runtime's `peak_bytes_in_use`; on a CPU, the
-process's peak RSS) against the compiled figure. `--write_results` puts the table into
+process's peak RSS) against the compiled figure. Each size runs in a process of its own, so
+that one size's peak is not another's. `--write_results` puts the table into
 docs/RESULTS.md under "On an accelerator", replacing the rows of the same device and size.
 The batches are synthetic (bench/synthetic_batches.py: the last quarter of every row padding),
 so the check needs no data.
@@ -22,6 +24,7 @@ import functools
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -33,13 +36,20 @@ flags.DEFINE_list("sizes", ["base", "quickstart"], "Configs to check: base, quic
 flags.DEFINE_integer("steps", 20, "Steps timed one by one per size (the first is reported "
                      "apart).")
 flags.DEFINE_string("out", "", "Also write the table (markdown) to this file.")
+flags.DEFINE_string("trace_dir", "", "Also trace 3 steps per size with jax.profiler into "
+                    "TRACE_DIR/SIZE (an .xplane.pb that xprof reads: bench/op_profile.py).")
+flags.DEFINE_string("peer_python", "", "An interpreter with torch (on the lent GPU: python3): "
+                    "bench/torch_peer.py eager and torch.compile on the same device, batch and "
+                    "dtype (bf16 as autocast), timed after ours.")
 flags.DEFINE_string("from_file", "", "With --write_results: the table a device run wrote.")
 flags.DEFINE_bool("write_results", False, "Put the table's rows into docs/RESULTS.md.")
 FLAGS = flags.FLAGS
 
 HEADER = ("| date | device | size | batch (rows x length), dtype | first step (ms) | ms per step "
           "(median after the first) | plan's ms per step (MFU) | measured MFU | peak memory / "
-          "compiled (GB) |\n|---|---|---|---|---:|---:|---:|---:|---:|")
+          "compiled (GB) | torch eager / torch.compile ms per step |\n"
+          "|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer.py")
 SECTION = "## On an accelerator"
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                        "RESULTS.md")
@@ -61,7 +71,30 @@ def peak_memory_bytes(device) -> tuple[int, str]:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS"
 
 
-def check(size: str, steps: int) -> str:
+def peer_milliseconds(python: str, config, rows: int, length: int, steps: int,
+                      device: str) -> str:
+  """bench/torch_peer.py's ms per step, eager / torch.compile, on our batch shape and dtype."""
+  import json
+
+  from bench.peer_request import peer_request
+  peer = subprocess.Popen([python, PEER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True)
+  cells = []
+  for variant in ("eager", "compile"):
+    peer.stdin.write(json.dumps(peer_request(config, rows, length, steps, variant, device)) + "\n")
+    peer.stdin.flush()
+    answer = peer.stdout.readline()
+    if not answer:
+      raise RuntimeError(f"{PEER} exited with status {peer.wait()}")
+    answer = json.loads(answer)
+    print(f"torch {answer['torch']} {variant}: {answer}", flush=True)
+    cells.append(f"{answer['seconds_per_step'] * 1e3:.1f}")
+  peer.stdin.close()
+  peer.wait()
+  return " / ".join(cells)
+
+
+def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "") -> str:
   """One table row for `size`, measured on the first local device."""
   import jax
 
@@ -88,6 +121,11 @@ def check(size: str, steps: int) -> str:
     state, metrics = compiled(state, batch, key)
     jax.block_until_ready((state, metrics))
     seconds.append(time.perf_counter() - start)
+  if trace_dir:
+    with jax.profiler.trace(os.path.join(trace_dir, size)):
+      for _ in range(3):
+        state, metrics = compiled(state, batch, key)
+      jax.block_until_ready((state, metrics))
   if not all(bool(jax.numpy.isfinite(x).all()) for x in jax.tree.leaves(metrics)):
     raise RuntimeError(f"{size}: a step's metrics are not finite: {metrics}")
   steady = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
@@ -95,13 +133,18 @@ def check(size: str, steps: int) -> str:
   peak_bytes, peak_kind = peak_memory_bytes(device)
   model_flops = flops.train_flops(config.model, rows, length, length)
   peak_flops = plan["peak_flops_per_device"] * jax.device_count()
-  mfu = f"{model_flops / steady / peak_flops:.2f}" if peak_flops else "- (no peak known)"
+  mfu = f"{model_flops / steady / peak_flops:.2g}" if peak_flops else "- (no peak known)"
   planned = (f"{plan['step_time_s'] * 1e3:.1f} ({plan['mfu']})" if plan["step_time_s"]
              else "- (no peak known)")
-  return (f"| {time.strftime('%Y-%m-%d')} | {jax.device_count()} x {device.device_kind} | "
+  ours = (f"| {time.strftime('%Y-%m-%d')} | {jax.device_count()} x {device.device_kind} | "
           f"{size} | {rows} x {length}, {config.model.dtype} | {seconds[0] * 1e3:.1f} | "
           f"{steady * 1e3:.1f} | {planned} | {mfu} | {peak_bytes / 1e9:.2f} ({peak_kind}) / "
           f"{compiled_bytes / 1e9:.2f} |")
+  if not peer_python:
+    return ours + " - |"
+  print(f"ours, before the peer: {ours}", flush=True)
+  return ours + (" " + peer_milliseconds(peer_python, config, rows, length, steps,
+                                         "cuda" if device.platform == "gpu" else "cpu") + " |")
 
 
 def write_results(rows: list[str], path: str = RESULTS) -> None:
@@ -127,14 +170,27 @@ def main(argv):
   if FLAGS.from_file:
     with open(FLAGS.from_file) as f:
       rows = [line for line in f.read().splitlines() if line.startswith("| 20")]
-  else:
+  elif len(FLAGS.sizes) == 1:
     import jax
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
           f"({jax.default_backend()}), jax {jax.__version__}", flush=True)
+    rows = [check(FLAGS.sizes[0], FLAGS.steps, FLAGS.trace_dir, FLAGS.peer_python)]
+  else:
+    # A process per size, this one never starting jax: the runtime's peak memory counts from
+    # the process's start, and a GPU's memory is held by the process that took it.
     rows = []
     for size in FLAGS.sizes:
-      rows.append(check(size, FLAGS.steps))
-      print(rows[-1], flush=True)
+      command = [sys.executable, os.path.abspath(__file__), f"--sizes={size}",
+                 f"--steps={FLAGS.steps}", f"--trace_dir={FLAGS.trace_dir}",
+                 f"--peer_python={FLAGS.peer_python}"]
+      process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+      found = []
+      for line in process.stdout:  # passed on as it comes: a run cut short keeps its lines
+        print(line, end="", flush=True)
+        found += [line.rstrip("\n")] if line.startswith("| 20") else []
+      if process.wait():
+        raise RuntimeError(f"{size}: {' '.join(command)} exited with status {process.returncode}")
+      rows.append(found[0])
   table = HEADER + "\n" + "\n".join(rows) + "\n"
   print(table)
   if FLAGS.out:

@@ -20,7 +20,8 @@ The model is the paper's, written with torch.nn's layers: post-LN encoder and de
 ours with post-LN), one embedding for source, target and the pre-softmax projection, scaled by
 sqrt(d_model), sinusoidal positions, label-smoothed cross-entropy over real target tokens, Adam
 (0.9, 0.98, 1e-9). Batches come from bench/synthetic_batches.py, the module our side uses.
-float32 on the CPU.
+float32 on the CPU. `"device": "cuda"` runs it on the GPU (bench/device_check.py's peer), its
+timings closed by a synchronize.
 
 torch is not a dependency of the project: install the CPU build into a venv of its own,
 `python3.11 -m venv .bench_venv && .bench_venv/bin/pip install torch==2.13.0 numpy` with the
@@ -42,11 +43,12 @@ from synthetic_batches import synthetic_batches  # noqa: E402
 PAD_ID, BOS_ID = 0, 3  # aiayn_flax.data.vocabulary's special ids
 
 
-def sinusoids(length: int, d_model: int) -> torch.Tensor:
+def sinusoids(length: int, d_model: int, device: torch.device) -> torch.Tensor:
   """Section 3.5's positional encodings, [length, d_model]."""
-  position = torch.arange(length, dtype=torch.float32)[:, None]
-  inverse = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
-  table = torch.zeros(length, d_model)
+  position = torch.arange(length, dtype=torch.float32, device=device)[:, None]
+  inverse = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float32,
+                                             device=device) / d_model)
+  table = torch.zeros(length, d_model, device=device)
   table[:, 0::2], table[:, 1::2] = torch.sin(position * inverse), torch.cos(position * inverse)
   return table
 
@@ -76,7 +78,7 @@ class Transformer(nn.Module):
 
   def embed_with_positions(self, ids: torch.Tensor) -> torch.Tensor:
     x = self.embed(ids) * math.sqrt(self.d_model)  # section 3.4
-    return self.dropout(x + sinusoids(ids.shape[1], self.d_model))
+    return self.dropout(x + sinusoids(ids.shape[1], self.d_model, ids.device))
 
   def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Teacher-forced logits [B, T, V]."""
@@ -86,7 +88,7 @@ class Transformer(nn.Module):
     memory = self.encoder(self.embed_with_positions(inputs),
                           src_key_padding_mask=source_padding)
     length = targets.shape[1]  # True above the diagonal: a later position, masked
-    causal = torch.ones(length, length, dtype=torch.bool).triu(1)
+    causal = torch.ones(length, length, dtype=torch.bool, device=targets.device).triu(1)
     y = self.decoder(self.embed_with_positions(decoder_inputs), memory, tgt_mask=causal,
                      tgt_is_causal=True, tgt_key_padding_mask=decoder_inputs == PAD_ID,
                      memory_key_padding_mask=source_padding)
@@ -98,12 +100,14 @@ class TimedStep:
 
   def __init__(self, request: dict):
     torch.manual_seed(0)
-    self.model = Transformer(**request["model"])
+    self.device = torch.device(request.get("device", "cpu"))
+    self.model = Transformer(**request["model"]).to(self.device)
     self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98),
                                       eps=1e-9)
     self.loss = nn.CrossEntropyLoss(ignore_index=PAD_ID,
                                     label_smoothing=request["label_smoothing"])
-    self.batches = [(torch.from_numpy(b["inputs"]).long(), torch.from_numpy(b["targets"]).long())
+    self.batches = [(torch.from_numpy(b["inputs"]).long().to(self.device),
+                     torch.from_numpy(b["targets"]).long().to(self.device))
                     for b in synthetic_batches(request["rows"], request["length"],
                                                request["model"]["vocab_size"])]
     self.parameters = sum(p.numel() for p in self.model.parameters())
@@ -124,16 +128,22 @@ class TimedStep:
     if self.autocast is None:
       loss = self.forward_loss(inputs, targets)
     else:
-      with torch.autocast("cpu", dtype=self.autocast):
+      with torch.autocast(self.device.type, dtype=self.autocast):
         loss = self.forward_loss(inputs, targets)
     loss.backward()
     self.optimizer.step()
 
   def seconds_per_step(self, steps: int) -> float:
+    self.synchronize()
     start = time.perf_counter()
     for i in range(steps):
       self.step(*self.batches[i % len(self.batches)])
+    self.synchronize()
     return (time.perf_counter() - start) / steps
+
+  def synchronize(self) -> None:
+    if self.device.type == "cuda":  # kernels run behind the host: wait for them
+      torch.cuda.synchronize(self.device)
 
 
 def main() -> None:
@@ -154,7 +164,9 @@ def main() -> None:
     seconds = timed.seconds_per_step(request["steps"])
     print(json.dumps({"parameters": timed.parameters, "seconds_per_step": seconds,
                       "warmup_seconds": timed.warmup_seconds,
-                      "torch": torch.__version__, "threads": torch.get_num_threads()}),
+                      "torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "peak_bytes": (torch.cuda.max_memory_allocated(timed.device)
+                                     if timed.device.type == "cuda" else None)}),
           flush=True)
 
 

@@ -49,6 +49,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from aiayn_flax import flops, huge_pages, model, optimizer, train_step, trainer  # noqa: E402
+from bench.peer_request import peer_request  # noqa: E402
 from bench.synthetic_batches import real_tokens, synthetic_batches  # noqa: E402
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py",
@@ -228,14 +229,7 @@ class Peer:
 
   def seconds_per_step(self, config, rows: int, length: int, steps: int, variant: str) -> float:
     """Seconds per step of the peer `variant` (eager or compile) in our config's dtype."""
-    m = config.model
-    request = {"model": {"vocab_size": m.vocab_size, "d_model": m.d_model, "d_ff": m.d_ff,
-                         "num_heads": m.num_heads, "num_layers": m.num_layers,
-                         "dropout_rate": m.dropout_rate},
-               "label_smoothing": config.label_smoothing, "rows": rows, "length": length,
-               "steps": steps, "compile": variant == "compile"}
-    if m.dtype == "bfloat16":
-      request["autocast"] = "bfloat16"
+    request = peer_request(config, rows, length, steps, variant)
     self.process.stdin.write(json.dumps(request) + "\n")
     self.process.stdin.flush()
     answer = self.process.stdout.readline()

@@ -5,6 +5,28 @@ import jax.numpy as jnp
 from aiayn_flax.model import PAD_ID
 
 
+def target_logit_by_gather(logits: jnp.ndarray, targets: jnp.ndarray) -> jnp.ndarray:
+  """[B, T, V], [B, T] -> [B, T]. Its gradient is a scatter into a zero [B, T, V] buffer."""
+  return jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+
+
+def target_logit_by_select(logits: jnp.ndarray, targets: jnp.ndarray) -> jnp.ndarray:
+  """The same values, as a sum over the vocabulary of the logit where the token matches: its
+  gradient is a select that fuses with the softmax's gradient."""
+  vocabulary = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1)
+  return jnp.sum(jnp.where(vocabulary == targets[..., None], logits, 0.0), axis=-1)
+
+
+def target_logit(logits: jnp.ndarray, targets: jnp.ndarray) -> jnp.ndarray:
+  """The reference token's logit, in the form that is faster where the step is compiled for.
+  On an H200 (base, 976 x 32, bf16) the gather's backward scatter took 4.1 of the step's 46 ms
+  of kernels (bench/device_check.py's trace; docs/RESULTS.md); on the CPU the select was the
+  slower (docs/PERFORMANCE.md). Chosen when the step is lowered, so that a deviceless compile
+  for a TPU or GPU gets the form of its target."""
+  return jax.lax.platform_dependent(logits, targets, cpu=target_logit_by_gather,
+                                    default=target_logit_by_select)
+
+
 def label_smoothed_nll(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: float):
   """Returns (smoothed loss sum, NLL sum, number of real target tokens), all float32 scalars.
 
@@ -16,8 +38,7 @@ def label_smoothed_nll(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: flo
   # logits: [B, T, V]; targets: [B, T]
   logits = logits.astype(jnp.float32)
   log_partition = jax.nn.logsumexp(logits, axis=-1)  # [B, T]
-  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, T]
-  nll = log_partition - target_logit  # -log p(reference)
+  nll = log_partition - target_logit(logits, targets)  # -log p(reference)
   uniform_ce = log_partition - jnp.mean(logits, axis=-1)  # -mean_v log p(v)
   loss = (1.0 - smoothing) * nll + smoothing * uniform_ce
   weights = (targets != PAD_ID).astype(jnp.float32)

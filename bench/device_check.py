@@ -41,6 +41,9 @@ flags.DEFINE_string("trace_dir", "", "Also trace 3 steps per size with jax.profi
 flags.DEFINE_string("peer_python", "", "An interpreter with torch (on the lent GPU: python3): "
                     "bench/torch_peer.py eager and torch.compile on the same device, batch and "
                     "dtype (bf16 as autocast), timed after ours.")
+flags.DEFINE_enum("target_logit", "auto", ["auto", "gather", "select"], "The loss's form of "
+                  "the reference token's logit (aiayn_flax/loss.py): auto, as training "
+                  "picks it, or one form forced, to measure the two against each other.")
 flags.DEFINE_string("from_file", "", "With --write_results: the table a device run wrote.")
 flags.DEFINE_bool("write_results", False, "Put the table's rows into docs/RESULTS.md.")
 FLAGS = flags.FLAGS
@@ -98,7 +101,9 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "") -> 
   """One table row for `size`, measured on the first local device."""
   import jax
 
-  from aiayn_flax import dry_run, flops, optimizer, train_step
+  from aiayn_flax import dry_run, flops, loss, optimizer, train_step
+  if FLAGS.target_logit != "auto":
+    loss.target_logit = getattr(loss, f"target_logit_by_{FLAGS.target_logit}")
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
   plan = dry_run.plan(config)  # for the local devices, "auto" dtype resolved for them
@@ -182,7 +187,7 @@ def main(argv):
     for size in FLAGS.sizes:
       command = [sys.executable, os.path.abspath(__file__), f"--sizes={size}",
                  f"--steps={FLAGS.steps}", f"--trace_dir={FLAGS.trace_dir}",
-                 f"--peer_python={FLAGS.peer_python}"]
+                 f"--peer_python={FLAGS.peer_python}", f"--target_logit={FLAGS.target_logit}"]
       process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
       found = []
       for line in process.stdout:  # passed on as it comes: a run cut short keeps its lines

@@ -48,6 +48,33 @@ def test_loss_gradient_matches_explicit_smoothed_distribution():
   np.testing.assert_allclose(jax.grad(fast)(logits), jax.grad(explicit)(logits), atol=1e-6)
 
 
+def test_both_forms_of_the_target_logit_give_the_same_values_and_gradients():
+  rng = np.random.default_rng(2)
+  logits = jnp.asarray(rng.normal(size=(3, 5, 17)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 17, (3, 5)), jnp.int32)
+  forms = [loss.target_logit_by_gather, loss.target_logit_by_select, loss.target_logit]
+  weights = jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)
+  values = [form(logits, targets) for form in forms]
+  grads = [jax.grad(lambda x, f=form: jnp.sum(f(x, targets) * weights))(logits) for form in forms]
+  for value, grad in zip(values[1:], grads[1:]):
+    np.testing.assert_array_equal(value, values[0])  # one nonzero term: exact
+    np.testing.assert_array_equal(grad, grads[0])
+
+
+def test_the_loss_scatters_on_the_cpu_alone():
+  """platform_dependent picks the form when the step is lowered: a CPU keeps the gather (the
+  faster there), a GPU or TPU target gets the select, whose gradient is no scatter."""
+  logits = jax.ShapeDtypeStruct((2, 3, 11), jnp.float32)
+  targets = jax.ShapeDtypeStruct((2, 3), jnp.int32)
+  grad = jax.jit(jax.grad(lambda x, t: loss.label_smoothed_nll(x, t, 0.1)[0]))
+  def lowered(platform):
+    return grad.trace(logits, targets).lower(lowering_platforms=(platform,)).as_text()
+  assert "scatter" in lowered("cpu")
+  for platform in ("cuda", "tpu"):
+    text = lowered(platform)
+    assert "scatter" not in text and "compare" in text
+
+
 @pytest.mark.parametrize("step", [1, 4000, 100000])
 def test_learning_rate_follows_equation_3(step):
   schedule = optimizer.paper_learning_rate(512, 4000)

@@ -37,7 +37,7 @@ flags.DEFINE_integer("steps", 20, "Steps timed one by one per size (the first is
                      "apart).")
 flags.DEFINE_string("out", "", "Also write the table (markdown) to this file.")
 flags.DEFINE_string("trace_dir", "", "Also trace 3 steps per size with jax.profiler into "
-                    "TRACE_DIR/SIZE (an .xplane.pb that xprof reads: bench/op_profile.py).")
+                    "TRACE_DIR/SIZE (an .xplane.pb: bench/kernel_stats.py reads it).")
 flags.DEFINE_string("peer_python", "", "An interpreter with torch (on the lent GPU: python3): "
                     "bench/torch_peer.py eager and torch.compile on the same device, batch and "
                     "dtype (bf16 as autocast), timed after ours.")

@@ -54,7 +54,9 @@ def get_config():
   # run sat on a plateau from step 300)
   c.learning_rate_scale = 0.5
   c.tokens_per_batch = 2000  # real target tokens per step, about 32 trees
-  c.num_train_steps = 9500  # 39 min 50 s alone on 2 cores (10,000 took 41 min 11 s; the budget is 40)
+  # 39 min 50 s alone on 2 cores on 2026-11-26 (10,000 took 41 min 11 s; the budget is 40);
+  # 17-18 min on 2026-11-27's boot, each side padded to its own length (docs/PARSING.md).
+  c.num_train_steps = 9500
   c.steps_per_call = 4  # as the CPU quick start (configs/multi30k.py)
   c.log_every_steps = 50
   c.eval_every_steps = 2000

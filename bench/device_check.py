@@ -97,13 +97,14 @@ def peer_milliseconds(python: str, config, rows: int, length: int, steps: int,
   return " / ".join(cells)
 
 
-def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "") -> str:
+def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
+          target_logit: str = "auto") -> str:
   """One table row for `size`, measured on the first local device."""
   import jax
 
   from aiayn_flax import dry_run, flops, loss, optimizer, train_step
-  if FLAGS.target_logit != "auto":
-    loss.target_logit = getattr(loss, f"target_logit_by_{FLAGS.target_logit}")
+  if target_logit != "auto":  # one form forced, to time the two against each other
+    loss.target_logit = getattr(loss, f"target_logit_by_{target_logit}")
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
   plan = dry_run.plan(config)  # for the local devices, "auto" dtype resolved for them
@@ -179,7 +180,8 @@ def main(argv):
     import jax
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
           f"({jax.default_backend()}), jax {jax.__version__}", flush=True)
-    rows = [check(FLAGS.sizes[0], FLAGS.steps, FLAGS.trace_dir, FLAGS.peer_python)]
+    rows = [check(FLAGS.sizes[0], FLAGS.steps, FLAGS.trace_dir, FLAGS.peer_python,
+                  FLAGS.target_logit)]
   else:
     # A process per size, this one never starting jax: the runtime's peak memory counts from
     # the process's start, and a GPU's memory is held by the process that took it.

@@ -10,7 +10,6 @@ fusions), then the kernels that take the most. The kinds are read off XLA:GPU's 
 """
 import collections
 import json
-import sys
 
 from absl import app, flags
 
@@ -58,11 +57,11 @@ def main(argv):
   print("| kind | ms per step | share |\n|---|---:|---:|")
   for name, us in kinds.most_common():
     print(f"| {name} | {per_step(us):.2f} | {us / total:.1%} |")
-  print(f"\n| kernel | launches per step | ms per step | share |\n|---|---:|---:|---:|")
+  print("\n| kernel | launches per step | ms per step | share |\n|---|---:|---:|---:|")
   for row in sorted(rows, key=lambda row: -row["total_duration_us"])[:FLAGS.top]:
     print(f"| {row['kernel_name'][:60]} | {row['occurrences'] / FLAGS.steps:.0f} | "
           f"{per_step(row['total_duration_us']):.2f} | {row['total_duration_us'] / total:.1%} |")
 
 
 if __name__ == "__main__":
-  sys.exit(app.run(main))
+  app.run(main)

@@ -13,7 +13,7 @@ ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": F
                 "dataset.pad_each_side": False, "dataset.mix_split": "",
                 "dataset.mix_ratio": 0.0, "dataset.mix_epochs": 0, "dataset.silver_files": "",
                 "dataset.silver_min_agreement": 0.0,
-                "dataset.silver_min_log_prob_per_word": -100.0, "cooldown_steps": 0}
+                "dataset.silver_min_log_prob_per_word": -100.0}
 
 
 def with_added_fields(saved: dict) -> dict:
@@ -53,8 +53,6 @@ def check_config(config) -> None:
          config.micro_batch_tokens_per_device, "must be 0 (no limit) or positive")
   _check(config.learning_rate_scale > 0, "learning_rate_scale", config.learning_rate_scale,
          "must be positive")
-  _check(0 <= config.cooldown_steps <= config.num_train_steps, "cooldown_steps",
-         config.cooldown_steps, f"must be in [0, num_train_steps={config.num_train_steps}]")
   _check(0 <= config.label_smoothing < 1, "label_smoothing", config.label_smoothing,
          "must be in [0, 1)")
   _check(config.decode_extra_length >= 0, "decode_extra_length", config.decode_extra_length,

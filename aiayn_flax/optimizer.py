@@ -14,29 +14,9 @@ def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> 
   return schedule
 
 
-def with_linear_cooldown(schedule: optax.Schedule, num_steps: int,
-                         cooldown_steps: int) -> optax.Schedule:
-  """The schedule times a factor falling linearly from 1 to 0 over the last cooldown_steps of
-  num_steps updates (the last update gets 1 / cooldown_steps of it); unchanged before them.
-
-  Not in the paper: the reciprocal-square-root schedule with a linear cooldown (Zhai et al.,
-  2022, "Scaling Vision Transformers"), for runs whose length is fixed in advance. The factor
-  depends on num_steps: a run resumed with more steps than it was started with trains the same
-  only if it stopped before its cooldown began.
-  """
-  if cooldown_steps == 0:
-    return schedule
-
-  def cooled(count):
-    factor = jnp.clip((num_steps - jnp.asarray(count, jnp.float32)) / cooldown_steps, 0.0, 1.0)
-    return schedule(count) * factor
-  return cooled
-
-
 def learning_rate_schedule(config) -> optax.Schedule:
-  paper = paper_learning_rate(config.model.d_model, config.warmup_steps,
-                              config.learning_rate_scale)
-  return with_linear_cooldown(paper, config.num_train_steps, config.cooldown_steps)
+  return paper_learning_rate(config.model.d_model, config.warmup_steps,
+                             config.learning_rate_scale)
 
 
 def make_optimizer(config) -> optax.GradientTransformation:

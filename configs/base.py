@@ -112,9 +112,6 @@ def get_config(row: str = ""):
   # Optimizer (section 5.3): Adam(0.9, 0.98, 1e-9), lr = scale * d^-0.5 * min(s^-0.5, s*w^-1.5).
   c.learning_rate_scale = 1.0
   c.warmup_steps = 4000
-  # Not in the paper: > 0 scales the learning rate linearly down to 0 over the last
-  # cooldown_steps of num_train_steps (optimizer.with_linear_cooldown).
-  c.cooldown_steps = 0
   c.adam_b1 = 0.9
   c.adam_b2 = 0.98
   c.adam_eps = 1e-9

@@ -107,7 +107,6 @@ def test_data_dir_may_change_on_resume_only_where_the_batches_are_the_same():
 @pytest.mark.slow
 @pytest.mark.parametrize("override,message", [
     ("--config.num_train_steps=0", "config.num_train_steps=0: must be a positive integer"),
-    ("--config.cooldown_steps=-1", "config.cooldown_steps=-1: must be in [0, num_train_steps=1000]"),
     ("--config.model.num_heads=3",
      "config.model.d_model=64: must be a multiple of model.num_heads=3 while model.qk_dim is 0 "
      "(d_model / num_heads per head); or set model.qk_dim"),

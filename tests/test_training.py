@@ -87,27 +87,6 @@ def test_learning_rate_scale_multiplies():
                              2.0 * 256 ** -0.5 * 1000 ** -0.5, rtol=1e-6)
 
 
-def test_linear_cooldown_scales_the_last_steps_down_to_zero_and_leaves_the_rest():
-  paper = optimizer.paper_learning_rate(128, 100)
-  cooled = optimizer.with_linear_cooldown(paper, num_steps=1000, cooldown_steps=400)
-  counts = np.arange(1000)
-  factor = np.minimum(1.0, (1000 - counts) / 400)
-  np.testing.assert_allclose(cooled(counts), paper(counts) * factor, rtol=1e-6)
-  np.testing.assert_array_equal(cooled(np.arange(601)), paper(np.arange(601)))  # before it
-  np.testing.assert_allclose(cooled(999), paper(999) / 400, rtol=1e-6)  # the last update
-  assert optimizer.with_linear_cooldown(paper, 1000, 0) is paper  # 0: the paper's schedule
-
-
-def test_the_config_cooldown_reaches_the_optimizer():
-  from configs import toy
-  config = toy.get_config()
-  config.num_train_steps, config.cooldown_steps = 50, 10
-  schedule = optimizer.learning_rate_schedule(config)
-  paper = optimizer.paper_learning_rate(config.model.d_model, config.warmup_steps,
-                                        config.learning_rate_scale)
-  np.testing.assert_allclose(schedule(45), paper(45) * 0.5, rtol=1e-6)
-
-
 def _toy_state_and_batches(dropout_rate=0.0, dtype="float32"):
   from aiayn_flax import train_step
   from configs import toy

@@ -9,6 +9,9 @@ ptb_sample/), so that a data folder and the cache are interchangeable (AIAYN_DAT
   3003-line newstest2014 of sacreBLEU's `wmt14/full`, extracted from the WMT .sgm files;
 - two published system outputs with known scores (tensorflow/nmt's test data; OPUS-MT's
   newstest2014 output), for checking BLEU;
+- the first 1000 English sentences of Europarl v7 (Moses-tokenized, BPE'd), from
+  EdinburghNLP/nematus's test data: with newstest2013/2014's English, the text that
+  configs/parsing_silver.py's silver trees are parsed from;
 - NLTK's Penn Treebank sample, treebank.zip of nltk/nltk_data (what nltk.download fetches);
 - EVALB, the parsing scorer (its copy in nikitakit/self-attentive-parser, public domain), in
   evalb/, compiled there with the C compiler when it is first fetched.
@@ -17,13 +20,18 @@ The cache is $XDG_CACHE_HOME/aiayn_flax, else ~/.cache/aiayn_flax. AIAYN_DOWNLOA
 replaces https://raw.githubusercontent.com in every URL (a mirror; the tests serve the files
 from a local HTTP server this way). A file is written only after its SHA-256 matched, under a
 temporary name renamed into place, so a file present in the cache is a checked one.
+
+`python -m aiayn_flax.public_data GROUP...` fetches groups of them and prints the folder that
+holds them: $AIAYN_DATA_DIR where that has them all, else the cache.
 """
+import argparse
 import dataclasses
 import hashlib
 import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import uuid
 
 import requests
@@ -37,6 +45,7 @@ _TFNMT = "tensorflow/nmt/0be864257a76c151eef20ea689755f08bc1faf4e/nmt/testdata"
 _OPUSMT = ("Helsinki-NLP/OPUS-MT-leaderboard/7b5f113acf67873cccf2172206b8568cd781d180/"
            "models/OPUS-MT-models/en-de/opus-2020-02-26")
 _TREEBANK = "nltk/nltk_data/9373d812d4b7f6f272c489e980c670bc26622895/packages/corpora"
+_NEMATUS = "EdinburghNLP/nematus/49d050863bc9644b8c0a9d9ab6e54ccd30f927dd/test/data"
 _EVALB = "nikitakit/self-attentive-parser/24435a156a64d7433829e9a500a81f46b7e58030/EVALB"
 
 
@@ -100,11 +109,18 @@ SYSTEM_OUTPUTS = [
                "a2f121d78c0ade71dfb1cfcb3a8173c06af70df5ced7055f1498ed0dbff5a2ad"),
 ]
 
+EUROPARL_SAMPLE_EN = PublicFile(
+    "wmt14/train_sample_nematus_europarl/corpus.en", f"{_NEMATUS}/corpus.en",
+    "84c2b603a35ad885b97dfd49be80665c122672350a7ad08102483e97ebbafdc5")
+
+# The English text that configs/parsing_silver.py's silver trees come from (docs/PARSING.md).
+SILVER_TEXT = [*(f for f in NEWSTEST if f.path.endswith(".en")), EUROPARL_SAMPLE_EN]
+
 TREEBANK_SAMPLE = PublicFile("ptb_sample/treebank.zip", f"{_TREEBANK}/treebank.zip",
                              "9da92d76c3666cfb6cddeaed0f7e86b344cce0f0928a286d439e555f19c37399")
 
 # What the tests read from a data folder (tests/conftest.py).
-TEST_DATA = [*MULTI30K, *NEWSTEST, *SYSTEM_OUTPUTS, TREEBANK_SAMPLE]
+TEST_DATA = [*MULTI30K, *NEWSTEST, *SYSTEM_OUTPUTS, EUROPARL_SAMPLE_EN, TREEBANK_SAMPLE]
 
 EVALB = [
     PublicFile(f"evalb/{name}", f"{_EVALB}/{name}", sha256) for name, sha256 in [
@@ -176,3 +192,26 @@ def fetch_evalb(folder: pathlib.Path | None = None) -> pathlib.Path:
                           f"{build.stderr.strip().splitlines()[-1:]}")
     temp.replace(program)
   return evalb_dir
+
+
+GROUPS = {"test_data": TEST_DATA, "silver_text": SILVER_TEXT, "multi30k": MULTI30K}
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(
+      prog="python -m aiayn_flax.public_data",
+      description="Fetch groups of public files; print the folder that holds them.")
+  parser.add_argument("groups", nargs="+", choices=sorted(GROUPS))
+  files = [file for group in parser.parse_args(argv).groups for file in GROUPS[group]]
+  data_dir = os.environ.get("AIAYN_DATA_DIR")
+  if data_dir and all((pathlib.Path(data_dir) / file.path).is_file() for file in files):
+    print(data_dir)
+    return
+  try:
+    print(fetch_all(files))
+  except DownloadError as e:
+    sys.exit(f"python -m aiayn_flax.public_data: error: {e}")
+
+
+if __name__ == "__main__":
+  main()

@@ -3,10 +3,11 @@ treebank sample's gold trees with silver trees mixed in (the paper: 17M sentence
 BerkeleyParser, "high-confidence" ones; here the English sides of the data folder parsed by the
 strongest baseline, aiayn_flax/parsing/silver.py), then on gold trees alone at the end.
 
+  DATA=$(python -m aiayn_flax.public_data silver_text)  # $AIAYN_DATA_DIR, else the cache
   python -m aiayn_flax.parsing.silver --out_dir=silver --validation \
-      $AIAYN_DATA_DIR/wmt14/newstest2013.en $AIAYN_DATA_DIR/wmt14/newstest2014.en
+      $DATA/wmt14/newstest2013.en $DATA/wmt14/newstest2014.en
   python -m aiayn_flax.parsing.silver --out_dir=silver --moses_bpe \
-      $AIAYN_DATA_DIR/wmt14/train_sample_nematus_europarl/corpus.en
+      $DATA/wmt14/train_sample_nematus_europarl/corpus.en
   python train.py --config=configs/parsing_silver.py --workdir=runs/parse_silver
   python evaluate.py --workdir=runs/parse_silver --split=validation
 

@@ -10,7 +10,7 @@ import pytest
 from aiayn_flax import public_data
 from aiayn_flax.data import multi30k
 import conftest
-from conftest import public_mirror
+from conftest import public_mirror, run_script
 
 
 @pytest.fixture
@@ -39,6 +39,38 @@ def test_the_test_data_is_downloaded_once_into_the_cache_as_the_data_folder_lays
     public_data.fetch_all(public_data.TEST_DATA)  # a second session: all read from the cache
     assert len(requested) == len(public_data.TEST_DATA)
   assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_the_command_fetches_a_group_and_prints_the_folder_that_holds_it(
+    shared_data, evalb_dir, cache, tmp_path, monkeypatch):
+  monkeypatch.delenv("AIAYN_DATA_DIR", raising=False)
+  with public_mirror(shared_data, evalb_dir, tmp_path / "mirror") as (base_url, requested):
+    env = {"XDG_CACHE_HOME": str(cache.parent), public_data.BASE_URL_VARIABLE: base_url}
+    fetched = run_script("-m", "aiayn_flax.public_data", "silver_text", env=env)
+    assert fetched.stdout == f"{cache}\n", fetched.stderr
+    assert sorted(requested) == sorted(f.source for f in public_data.SILVER_TEXT)
+    # A data folder that has the group is named instead, and nothing is downloaded.
+    named = run_script("-m", "aiayn_flax.public_data", "silver_text",
+                       env={**env, "AIAYN_DATA_DIR": str(shared_data)})
+    assert named.stdout == f"{shared_data}\n", named.stderr
+    assert len(requested) == len(public_data.SILVER_TEXT)
+  assert [f.path for f in public_data.SILVER_TEXT] == [
+      "wmt14/newstest2013.en", "wmt14/newstest2014.en",
+      "wmt14/train_sample_nematus_europarl/corpus.en"]  # what configs/parsing_silver.py names
+  for file in public_data.SILVER_TEXT:
+    assert sha256(cache / file.path) == sha256(shared_data / file.path) == file.sha256
+
+
+def test_the_command_stops_in_one_line_when_a_download_fails(cache, monkeypatch):
+  monkeypatch.delenv("AIAYN_DATA_DIR", raising=False)
+  result = run_script("-m", "aiayn_flax.public_data", "silver_text",
+                      env={"XDG_CACHE_HOME": str(cache.parent),
+                           public_data.BASE_URL_VARIABLE: "http://127.0.0.1:9"})
+  assert result.returncode == 1 and result.stdout == ""
+  first = public_data.SILVER_TEXT[0]
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"python -m aiayn_flax.public_data: error: could not download {first.path} from "
+      f"http://127.0.0.1:9/{first.source} (ConnectionError)")
 
 
 def test_a_file_whose_sha256_is_not_the_expected_one_is_refused_naming_it(

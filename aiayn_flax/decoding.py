@@ -34,6 +34,11 @@ Conventions shared by both searches:
   * sentence b emits at most `min(max_lengths[b], max_decode_len)` tokens, EOS included: at its
     last allowed step every token but EOS is masked out (EOS keeps the model's log-prob, as in
     fairseq), so every hypothesis returned is complete;
+  * EOS is masked out before `min_words` tokens (default 1, fairseq's `--min-len`), unless the
+    sentence's max length leaves no room: an output is never empty where it may hold a word.
+    Without it, beam search gave an empty translation for some long sentences, whose full
+    hypotheses all scored below EOS alone (2 of Multi30k's 1014 validation sentences on the
+    quick start's run, with beam 4 and averaging);
   * log-probabilities are computed in float32 whatever the dtype of the logits;
   * a task may rewrite each step's log-probs before the search reads them
     (`constrain_log_probs`, e.g. a parser's trees over the input's words): a token it sets to
@@ -219,13 +224,14 @@ def top_k_by_chunks(x: jax.Array, k: int, chunk: int = 64) -> tuple[jax.Array, j
   return values, indices
 
 
-def best_extensions(logits, alive_log_probs, must_end, eos_id: int, k: int, chunk: int = 64
-                    ) -> tuple[jax.Array, jax.Array]:
+def best_extensions(logits, alive_log_probs, must_end, eos_id: int, k: int, chunk: int = 64,
+                    cannot_end=None) -> tuple[jax.Array, jax.Array]:
   """The best k one-token extensions of each alive hypothesis, best first: the same values and
   token indices as `top_k_by_chunks(candidates, k, chunk)` of the plain computation
 
     log_probs = jax.nn.log_softmax(logits)  # [B, K, V]
     log_probs = jnp.where(must_end & (token != eos_id), -inf, log_probs)
+    log_probs = jnp.where(cannot_end & (token == eos_id), -inf, log_probs)
     candidates = alive_log_probs[:, :, None] + log_probs,
 
   without writing the [B, K, V] log-probs or candidates. Why the same: a candidate is
@@ -235,7 +241,9 @@ def best_extensions(logits, alive_log_probs, must_end, eos_id: int, k: int, chun
   is the max of its chunks' maxima (exact), and its log_sum the same expression as
   log_softmax's. On CPU this saves beam search a slow reduction and two passes over the
   [B * K, V] logits per step (docs/PERFORMANCE.md)."""
-  # logits: [B, K, V] float32; alive_log_probs: [B, K]; must_end: bool [B, 1, 1]
+  # logits: [B, K, V] float32; alive_log_probs: [B, K]; must_end, cannot_end: bool [B, 1, 1]
+  if cannot_end is None:
+    cannot_end = jnp.zeros_like(must_end)
   *batch, size = logits.shape
   num_chunks = -(-size // chunk)
   padded = jnp.pad(logits, [(0, 0)] * len(batch) + [(0, num_chunks * chunk - size)],
@@ -257,6 +265,12 @@ def best_extensions(logits, alive_log_probs, must_end, eos_id: int, k: int, chun
   eos_chunk = jnp.arange(num_chunks) == eos_id // chunk  # [C]
   chunk_best = jnp.where(must_end, jnp.where(eos_chunk, eos_best[..., None], NEG_INF),
                          chunk_best)
+  # Where EOS may not follow, EOS's chunk ranks by its best other token (its maximum may be
+  # EOS, which would take a place among the best k chunks from one that holds a candidate).
+  eos_chunk_logits = chunks[..., eos_id // chunk, :]  # [B, K, chunk]
+  eos_chunk_best = candidate(jnp.max(jnp.where(jnp.arange(chunk) == eos_id % chunk, NEG_INF,
+                                               eos_chunk_logits), axis=-1))  # [B, K]
+  chunk_best = jnp.where(cannot_end & eos_chunk, eos_chunk_best[..., None], chunk_best)
   if num_chunks <= k:
     best_chunks = jnp.broadcast_to(jnp.arange(num_chunks), chunk_best.shape)
   else:
@@ -265,7 +279,8 @@ def best_extensions(logits, alive_log_probs, must_end, eos_id: int, k: int, chun
   picked = jnp.take_along_axis(chunks, best_chunks[..., None], axis=-2)  # [B, K, k', chunk]
   values = candidate(picked)  # [B, K, k', chunk]
   tokens = best_chunks[..., None] * chunk + jnp.arange(chunk)  # [B, K, k', chunk]
-  values = jnp.where(must_end[..., None] & (tokens != eos_id), NEG_INF, values)
+  values = jnp.where((must_end[..., None] & (tokens != eos_id))
+                     | (cannot_end[..., None] & (tokens == eos_id)), NEG_INF, values)
   values, picks = lax.top_k(values.reshape(*batch, -1), k)  # [B, K, k]
   return values, jnp.take_along_axis(tokens.reshape(*batch, -1), picks, axis=-1)
 
@@ -295,6 +310,12 @@ def _constrained(log_probs, constrain_log_probs, sequences, step, must_end, eos_
   return jnp.where(keep_eos, log_probs, constrained)
 
 
+def _cannot_end(step, last_steps, min_words) -> jax.Array:
+  """bool[B]: EOS may not come at this step: one of the first min_words, unless it is the
+  sentence's last allowed step."""
+  return (step < min_words) & (step < last_steps)
+
+
 def _last_allowed_steps(max_lengths, max_decode_len: int) -> jax.Array:
   """int32[B]: the step at which each sentence must emit EOS (at the latest)."""
   max_lengths = jnp.asarray(max_lengths, jnp.int32)
@@ -317,7 +338,7 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: j
                   max_decode_len: int, bos_id: int, eos_id: int,
                   cache_stages: CacheStages | None = None,
                   constrain_log_probs: ConstrainLogProbs | None = None,
-                  compaction: Compaction | None = None) -> jax.Array:
+                  compaction: Compaction | None = None, min_words: int = 1) -> jax.Array:
   """Picks the most likely token at every step (by `constrain_log_probs`, if given).
 
   Args:
@@ -330,6 +351,7 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: j
     constrain_log_probs: see ConstrainLogProbs (called with K = 1); None: the model's.
     compaction: go on with the unfinished rows alone once few are left (see Compaction;
       not with constrain_log_probs, which reads the whole batch's inputs).
+    min_words: EOS may not come before this many tokens (see the module docstring).
 
   Returns:
     int32[B, max_decode_len]: the generated tokens, EOS included, PAD after it. The loop stops
@@ -350,6 +372,8 @@ def greedy_decode(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: j
         logits = _constrained(jax.nn.log_softmax(logits.astype(jnp.float32))[:, None],
                               constrain_log_probs, state.sequences[:, None], state.step,
                               must_end, eos_id)[:, 0]  # [B, V]
+      cannot_end = _cannot_end(state.step, last_steps, min_words)  # [B]
+      logits = logits.at[:, eos_id].set(jnp.where(cannot_end, NEG_INF, logits[:, eos_id]))
       next_ids = argmax_by_chunks(logits).astype(jnp.int32)  # [B]
       next_ids = jnp.where(state.step >= last_steps, eos_id, next_ids)  # [B]: forced EOS
       next_ids = jnp.where(state.finished, PAD_ID, next_ids)  # [B]: nothing after EOS
@@ -398,7 +422,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
                 num_results: int | None = None,
                 cache_stages: CacheStages | None = None,
                 constrain_log_probs: ConstrainLogProbs | None = None,
-                compaction: Compaction | None = None
+                compaction: Compaction | None = None, min_words: int = 1
                 ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty, as in tensor2tensor, with fairseq's EOS rule.
 
@@ -441,6 +465,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
     constrain_log_probs: see ConstrainLogProbs; None: the model's log-probs.
     compaction: go on with the sentences not done alone once few are left (see Compaction;
       not with constrain_log_probs, which reads the whole batch's inputs).
+    min_words: EOS may not come before this many tokens (see the module docstring).
 
   Returns:
     sequences int32[B, n, max_decode_len] (tokens, EOS included, PAD after it) and scores
@@ -485,6 +510,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
         raise ValueError("beam search needs a vocabulary of at least 2 tokens")
       logits = logits.astype(jnp.float32).reshape(batch_size, k, vocab_size)  # [B, K, V]
       must_end = (step >= last_steps)[:, None, None]  # [B, 1, 1]
+      cannot_end = _cannot_end(step, last_steps, min_words)[:, None, None]  # [B, 1, 1]
 
       # 2. The best 2K candidates, best first: the best 2K of each hypothesis' extensions, then
       # the best 2K of those (the same set as a top 2K over all K * V; XLA on CPU lowered that
@@ -492,13 +518,15 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
       per_parent = min(2 * k, vocab_size)  # P
       if constrain_log_probs is None:
         per_parent_log_probs, per_parent_tokens = best_extensions(
-            logits, state.alive_log_probs, must_end, eos_id, per_parent)  # [B, K, P]
+            logits, state.alive_log_probs, must_end, eos_id, per_parent,
+            cannot_end=cannot_end)  # [B, K, P]
       else:  # the task rewrites the log-probs: computed whole
         log_probs = _constrained(jax.nn.log_softmax(logits), constrain_log_probs,
                                  state.alive_seqs, step, must_end, eos_id)  # [B, K, V]
         # At a sentence's last allowed step, only EOS may follow.
         is_eos_token = jnp.arange(vocab_size) == eos_id  # [V]
         log_probs = jnp.where(must_end & ~is_eos_token, NEG_INF, log_probs)  # [B, K, V]
+        log_probs = jnp.where(cannot_end & is_eos_token, NEG_INF, log_probs)  # [B, K, V]
         per_parent_log_probs, per_parent_tokens = top_k_by_chunks(
             state.alive_log_probs[:, :, None] + log_probs, per_parent)  # [B, K, P]
       top_log_probs, top_index = lax.top_k(

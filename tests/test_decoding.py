@@ -69,16 +69,19 @@ def first_order_table(next_token_probs):
   return table, np.zeros(VOCAB_SIZE)
 
 
-@functools.partial(jax.jit, static_argnames=("max_decode_len", "beam_size", "num_results"))
-def run_beam_search(cache, max_lengths, alpha, max_decode_len, beam_size, num_results=None):
+@functools.partial(jax.jit, static_argnames=("max_decode_len", "beam_size", "num_results",
+                                             "min_words"))
+def run_beam_search(cache, max_lengths, alpha, max_decode_len, beam_size, num_results=None,
+                    min_words=1):
   return decoding.beam_search(markov_tokens_to_logits, cache, max_lengths, max_decode_len,
-                              BOS, EOS, beam_size, alpha, num_results=num_results)
+                              BOS, EOS, beam_size, alpha, num_results=num_results,
+                              min_words=min_words)
 
 
-@functools.partial(jax.jit, static_argnames=("max_decode_len",))
-def run_greedy(cache, max_lengths, max_decode_len):
+@functools.partial(jax.jit, static_argnames=("max_decode_len", "min_words"))
+def run_greedy(cache, max_lengths, max_decode_len, min_words=1):
   return decoding.greedy_decode(markov_tokens_to_logits, cache, max_lengths, max_decode_len,
-                                BOS, EOS)
+                                BOS, EOS, min_words=min_words)
 
 
 def count_calls(fn, *args, **kwargs):
@@ -89,14 +92,15 @@ def count_calls(fn, *args, **kwargs):
   return result, _calls[0]
 
 
-def exhaustive_search(table, step_bias, max_length, alpha):
-  """Every complete hypothesis of up to max_length tokens, as (score, tokens), best first."""
+def exhaustive_search(table, step_bias, max_length, alpha, min_words=1):
+  """Every complete hypothesis of up to max_length tokens and at least min_words words (fewer
+  where max_length leaves no room), as (score, tokens), best first."""
   def log_softmax(x):
     x = x - x[np.isfinite(x)].max()
     return x - np.log(np.exp(x).sum())
 
   hypotheses = []
-  for length in range(1, max_length + 1):
+  for length in range(min(min_words + 1, max_length), max_length + 1):
     for words in itertools.product(WORDS, repeat=length - 1):
       tokens = list(words) + [EOS]
       previous, last, log_prob = BOS, BOS, 0.0
@@ -137,25 +141,29 @@ SHORT_OR_LONG = first_order_table({
 ])
 def test_length_penalty_changes_the_winner(alpha, best, second):
   cache = initial_cache(*zip(SHORT_OR_LONG))
+  # min_words=0: the empty output is the rival here.
   sequences, scores = run_beam_search(cache, jnp.array([4]), alpha, max_decode_len=5,
-                                      beam_size=2)
+                                      beam_size=2, min_words=0)
   assert sequences.shape == (1, 2, 5) and scores.shape == (1, 2)
   assert sequences[0].tolist() == [padded(best[0], 5), padded(second[0], 5)]
   np.testing.assert_allclose(scores[0], [best[1], second[1]], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_wide_beam_equals_exhaustive_search(alpha):
-  # Two sentences with their own tables and max lengths. A beam of 32 holds every candidate
-  # (at most 8 prefixes x 3 tokens per step), so it must find all hypotheses: 31 for max
-  # length 5 (one slot left empty) and 7 for max length 3.
-  seeds, max_lengths, max_decode_len, beam_size = (1, 2), (5, 3), 7, 32
+@pytest.mark.parametrize("min_words", [0, 1, 2])
+def test_wide_beam_equals_exhaustive_search(alpha, min_words):
+  # Three sentences with their own tables and max lengths. A beam of 32 holds every candidate
+  # (at most 8 prefixes x 3 tokens per step), so it must find all hypotheses: with min_words=0,
+  # 31 for max length 5 (one slot left empty), 7 for max length 3 and 1 (EOS) for max length
+  # 1; with min_words=1, 30, 6 and 1 (EOS: no room for a word).
+  seeds, max_lengths, max_decode_len, beam_size = (1, 2, 3), (5, 3, 1), 7, 32
   tables = [random_table(seed) for seed in seeds]
   cache = initial_cache(*zip(*tables))
   sequences, scores = run_beam_search(cache, jnp.array(max_lengths), alpha,
-                                      max_decode_len=max_decode_len, beam_size=beam_size)
+                                      max_decode_len=max_decode_len, beam_size=beam_size,
+                                      min_words=min_words)
   for b, ((table, step_bias), max_length) in enumerate(zip(tables, max_lengths)):
-    expected = exhaustive_search(table, step_bias, max_length, alpha)
+    expected = exhaustive_search(table, step_bias, max_length, alpha, min_words)
     n = len(expected)
     assert sequences[b, :n].tolist() == [padded(tokens, max_decode_len)
                                          for _, tokens in expected]
@@ -203,12 +211,15 @@ def test_max_length_forces_eos_and_pad_follows():
   sequences, scores = run_beam_search(cache, jnp.array(max_lengths), 0.6,
                                       max_decode_len=max_decode_len, beam_size=3)
   assert_well_formed(np.asarray(greedy), max_lengths)
-  for row_beams, max_length in zip(np.asarray(sequences), max_lengths):
-    assert_well_formed(row_beams, [max_length] * len(row_beams))
+  for row_beams, row_scores, max_length in zip(np.asarray(sequences), np.asarray(scores),
+                                               max_lengths):
+    possible = min(3, 2 ** min(max_length, max_decode_len) - 2)  # a word, then EOS
+    assert_well_formed(row_beams[:possible], [max_length] * possible)
+    assert np.all(np.isfinite(row_scores[:possible]))
+    assert np.all(row_beams[possible:] == PAD) and np.all(row_scores[possible:] == -np.inf)
   expected_lengths = [min(m, max_decode_len) for m in max_lengths]
   assert [list(row).index(EOS) + 1 for row in np.asarray(greedy)] == expected_lengths
   assert [list(row).index(EOS) + 1 for row in np.asarray(sequences[:, 0])] == expected_lengths
-  assert np.all(np.isfinite(np.asarray(scores)))
 
 
 def test_random_outputs_are_well_formed():
@@ -221,7 +232,8 @@ def test_random_outputs_are_well_formed():
                                  beam_size=4)
   for row_beams, max_length in zip(np.asarray(sequences), max_lengths):
     filled = [row for row in row_beams if EOS in row]
-    assert len(filled) == min(4, 2 ** max_length - 1)  # all possible, up to the beam size
+    possible = 1 if max_length == 1 else 2 ** max_length - 2  # EOS alone, or words then EOS
+    assert len(filled) == min(4, possible)  # all possible, up to the beam size
     assert_well_formed(filled, [max_length] * len(filled))
 
 
@@ -234,16 +246,18 @@ EARLY_EOS = first_order_table({
 
 
 def test_searches_stop_when_every_hypothesis_is_finished():
+  # min_words=0 lets EOS come first, so the stop can come at the first steps.
   cache = initial_cache(*zip(EARLY_EOS, EARLY_EOS))
   max_lengths, max_decode_len = jnp.array([20, 12]), 20
 
   greedy, greedy_calls = count_calls(run_greedy, cache, max_lengths,
-                                     max_decode_len=max_decode_len)
+                                     max_decode_len=max_decode_len, min_words=0)
   assert greedy_calls == 1  # both rows emit EOS at the first step
   assert greedy[:, :2].tolist() == [[EOS, PAD], [EOS, PAD]]
 
   (sequences, scores), beam_calls = count_calls(
-      run_beam_search, cache, max_lengths, 0.6, max_decode_len=max_decode_len, beam_size=2)
+      run_beam_search, cache, max_lengths, 0.6, max_decode_len=max_decode_len, beam_size=2,
+      min_words=0)
   # Step 1 finishes "EOS"; step 2 finishes "A EOS" (score log(0.012 * 0.9) / 1.097 = -4.13),
   # filling the set, but "A A" (log(0.012 * 0.05) = -7.42) might still reach -7.42 / 2.35 =
   # -3.15 at 20 tokens; after step 3 the best alive can at most reach -10.4 / 2.35 = -4.42.
@@ -258,13 +272,30 @@ def test_asking_for_the_best_hypothesis_only_stops_as_soon_as_it_is_known():
   max_lengths, max_decode_len = jnp.array([20, 12]), 20
   (sequences, scores), calls = count_calls(
       run_beam_search, cache, max_lengths, 0.6, max_decode_len=max_decode_len, beam_size=2,
-      num_results=1)
+      num_results=1, min_words=0)
   # Step 1 finishes "EOS" (score log(0.98) = -0.02); the best alive, "A", can at most reach
   # log(0.012) / 2.35 = -1.88 at 20 tokens (-2.36 at 12): nothing can beat "EOS" any more.
   assert calls == 1
   assert sequences.shape == (2, 1, max_decode_len) and scores.shape == (2, 1)
   assert sequences[:, 0, :2].tolist() == [[EOS, PAD], [EOS, PAD]]
   np.testing.assert_allclose(scores[:, 0], [math.log(0.98)] * 2, rtol=1e-5)
+
+
+def test_no_output_is_empty_where_a_word_fits():
+  # EOS at once is by far the likeliest output; by default both searches still give a word
+  # first, except to the sentence whose max length (1) leaves room for EOS only.
+  cache = initial_cache(*zip(EARLY_EOS, EARLY_EOS))
+  max_lengths, max_decode_len = jnp.array([20, 1]), 20
+  greedy = run_greedy(cache, max_lengths, max_decode_len=max_decode_len)
+  assert greedy[:, :3].tolist() == [[A, EOS, PAD], [EOS, PAD, PAD]]
+  sequences, scores = run_beam_search(cache, max_lengths, 0.6, max_decode_len=max_decode_len,
+                                      beam_size=2)
+  assert sequences[0, :, :3].tolist() == [[A, EOS, PAD], [B, EOS, PAD]]
+  # EOS is masked, not the rest renormalised (as in fairseq): the words keep their log-probs.
+  np.testing.assert_allclose(scores[0], [math.log(0.012 * 0.9) / (7 / 6) ** 0.6,
+                                         math.log(0.008 * 0.9) / (7 / 6) ** 0.6], rtol=1e-5)
+  assert sequences[1, 0, :2].tolist() == [EOS, PAD]
+  np.testing.assert_allclose(scores[1, 0], math.log(0.98), rtol=1e-5)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
@@ -446,10 +477,12 @@ def test_argmax_by_chunks_equals_argmax(size, chunk):
                                 jnp.argmax(x, axis=-1))
 
 
-def plain_best_extensions(logits, alive_log_probs, must_end, eos_id, k, chunk):
+def plain_best_extensions(logits, alive_log_probs, must_end, cannot_end, eos_id, k, chunk):
   """Beam search's step 2 as written before best_extensions: log-probs and candidates whole."""
   log_probs = jax.nn.log_softmax(logits)
-  log_probs = jnp.where(must_end & (jnp.arange(logits.shape[-1]) != eos_id), -jnp.inf, log_probs)
+  is_eos = jnp.arange(logits.shape[-1]) == eos_id
+  log_probs = jnp.where(must_end & ~is_eos, -jnp.inf, log_probs)
+  log_probs = jnp.where(cannot_end & is_eos, -jnp.inf, log_probs)
   return decoding.top_k_by_chunks(alive_log_probs[:, :, None] + log_probs, k, chunk)
 
 
@@ -457,7 +490,8 @@ def plain_best_extensions(logits, alive_log_probs, must_end, eos_id, k, chunk):
                                                     (300, 5, 7, 150), (9, 2, 4, 1),
                                                     (20, 6, 4, 7)])
 def test_best_extensions_equal_the_plain_computation(size, k, chunk, eos_id):
-  """The same values (to the bit) and tokens, ties included, with empty and ending beams."""
+  """The same values (to the bit) and tokens, ties included, with empty and ending beams, and
+  beams that may not end where EOS is the best token."""
   rng = np.random.default_rng(size)
   rows = [
       rng.normal(size=size) * 8,
@@ -468,11 +502,16 @@ def test_best_extensions_equal_the_plain_computation(size, k, chunk, eos_id):
   logits = jnp.asarray(np.stack(rows * 3).reshape(3, 4, size), jnp.float32)  # [B=3, K=4, V]
   alive = jnp.asarray([[0.0, -1.5, -1.5, -np.inf], [-3.25, -np.inf, -np.inf, -np.inf],
                        [-0.5, -0.75, -2.0, -7.0]], jnp.float32)
+  logits = logits.at[:2, 0, eos_id].set(50.0)  # EOS the best token of two live beams
   must_end = jnp.asarray([False, False, True])[:, None, None]  # sentence 2: only EOS may follow
+  cannot_end = jnp.asarray([True, False, False])[:, None, None]  # sentence 0: EOS may not
   values, tokens = jax.jit(decoding.best_extensions, static_argnums=(3, 4, 5))(
-      logits, alive, must_end, eos_id, k, chunk)
-  expected_values, expected_tokens = plain_best_extensions(logits, alive, must_end, eos_id, k,
-                                                           chunk)
+      logits, alive, must_end, eos_id, k, chunk, cannot_end)
+  expected_values, expected_tokens = plain_best_extensions(logits, alive, must_end, cannot_end,
+                                                           eos_id, k, chunk)
+  is_candidate = np.asarray(values) > -np.inf  # empty beams' slots hold any token
+  assert np.all(np.asarray(tokens[0])[is_candidate[0]] != eos_id)
+  assert np.any(np.asarray(tokens[1])[is_candidate[1]] == eos_id)
   np.testing.assert_array_equal(values, expected_values)
   np.testing.assert_array_equal(tokens, expected_tokens)
 

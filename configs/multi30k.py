@@ -1,6 +1,6 @@
 """CPU quick start: a small Transformer on Multi30k task 1, EN->DE, trained in about 21 minutes
 on the 2 CPU cores of the host measured (docs/RESULTS.md, "Training time"): test2016 sacreBLEU
-36.96 greedy, 38.79 with beam 4 and averaging (README's table; docs/RECIPE.md has every run
+36.96 greedy, 38.83 with beam 4 and averaging (README's table; docs/RECIPE.md has every run
 behind this recipe).
 
 Same recipe as the paper at a smaller, deeper size, as the Multi30k literature's text-only

@@ -224,8 +224,8 @@ def top_k_by_chunks(x: jax.Array, k: int, chunk: int = 64) -> tuple[jax.Array, j
   return values, indices
 
 
-def best_extensions(logits, alive_log_probs, must_end, eos_id: int, k: int, chunk: int = 64,
-                    cannot_end=None) -> tuple[jax.Array, jax.Array]:
+def best_extensions(logits, alive_log_probs, must_end, cannot_end, eos_id: int, k: int,
+                    chunk: int = 64) -> tuple[jax.Array, jax.Array]:
   """The best k one-token extensions of each alive hypothesis, best first: the same values and
   token indices as `top_k_by_chunks(candidates, k, chunk)` of the plain computation
 
@@ -242,8 +242,6 @@ def best_extensions(logits, alive_log_probs, must_end, eos_id: int, k: int, chun
   log_softmax's. On CPU this saves beam search a slow reduction and two passes over the
   [B * K, V] logits per step (docs/PERFORMANCE.md)."""
   # logits: [B, K, V] float32; alive_log_probs: [B, K]; must_end, cannot_end: bool [B, 1, 1]
-  if cannot_end is None:
-    cannot_end = jnp.zeros_like(must_end)
   *batch, size = logits.shape
   num_chunks = -(-size // chunk)
   padded = jnp.pad(logits, [(0, 0)] * len(batch) + [(0, num_chunks * chunk - size)],
@@ -518,8 +516,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: jax
       per_parent = min(2 * k, vocab_size)  # P
       if constrain_log_probs is None:
         per_parent_log_probs, per_parent_tokens = best_extensions(
-            logits, state.alive_log_probs, must_end, eos_id, per_parent,
-            cannot_end=cannot_end)  # [B, K, P]
+            logits, state.alive_log_probs, must_end, cannot_end, eos_id,
+            per_parent)  # [B, K, P]
       else:  # the task rewrites the log-probs: computed whole
         log_probs = _constrained(jax.nn.log_softmax(logits), constrain_log_probs,
                                  state.alive_seqs, step, must_end, eos_id)  # [B, K, V]

@@ -505,8 +505,8 @@ def test_best_extensions_equal_the_plain_computation(size, k, chunk, eos_id):
   logits = logits.at[:2, 0, eos_id].set(50.0)  # EOS the best token of two live beams
   must_end = jnp.asarray([False, False, True])[:, None, None]  # sentence 2: only EOS may follow
   cannot_end = jnp.asarray([True, False, False])[:, None, None]  # sentence 0: EOS may not
-  values, tokens = jax.jit(decoding.best_extensions, static_argnums=(3, 4, 5))(
-      logits, alive, must_end, eos_id, k, chunk, cannot_end)
+  values, tokens = jax.jit(decoding.best_extensions, static_argnums=(4, 5, 6))(
+      logits, alive, must_end, cannot_end, eos_id, k, chunk)
   expected_values, expected_tokens = plain_best_extensions(logits, alive, must_end, cannot_end,
                                                            eos_id, k, chunk)
   is_candidate = np.asarray(values) > -np.inf  # empty beams' slots hold any token

@@ -62,7 +62,7 @@ quickstart: export JAX_PLATFORMS := $(JAX_PLATFORM_$(ACCELERATOR))
 quickstart: $(VENV)/installed-run-$(ACCELERATOR)
 	@echo "make quickstart: training on the $(ACCELERATOR) (JAX_PLATFORMS=$(JAX_PLATFORMS)); ACCELERATOR=cpu|gpu|tpu overrides"
 	$(PY) train.py --config=configs/multi30k.py --workdir=$(WORKDIR)
-	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016 --beam_size=1 --average_last=1
+	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016 --beam_size=1
 	$(PY) evaluate.py --workdir=$(WORKDIR) --testset=multi30k/test2016
 
 # pytest-xdist, one test file per worker at a time (--dist loadfile): a file's module fixtures

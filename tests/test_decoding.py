@@ -191,6 +191,14 @@ def test_narrow_beam_finds_the_best_hypothesis_on_easy_tables(alpha):
 # EOS, max lengths and early stop
 
 
+def complete_outputs(max_length):
+  """How many outputs of at most max_length tokens (EOS included) the searches may give with
+  min_words=1: EOS alone where no word fits, else 1 to max_length - 1 words, then EOS."""
+  if max_length == 1:
+    return 1
+  return sum(len(WORDS) ** words for words in range(1, max_length))
+
+
 def assert_well_formed(rows, max_lengths):
   """Each row: words, then one EOS within its max length, then only PAD."""
   for row, max_length in zip(rows, max_lengths):
@@ -213,7 +221,7 @@ def test_max_length_forces_eos_and_pad_follows():
   assert_well_formed(np.asarray(greedy), max_lengths)
   for row_beams, row_scores, max_length in zip(np.asarray(sequences), np.asarray(scores),
                                                max_lengths):
-    possible = min(3, 2 ** min(max_length, max_decode_len) - 2)  # a word, then EOS
+    possible = min(3, complete_outputs(min(max_length, max_decode_len)))
     assert_well_formed(row_beams[:possible], [max_length] * possible)
     assert np.all(np.isfinite(row_scores[:possible]))
     assert np.all(row_beams[possible:] == PAD) and np.all(row_scores[possible:] == -np.inf)
@@ -232,8 +240,7 @@ def test_random_outputs_are_well_formed():
                                  beam_size=4)
   for row_beams, max_length in zip(np.asarray(sequences), max_lengths):
     filled = [row for row in row_beams if EOS in row]
-    possible = 1 if max_length == 1 else 2 ** max_length - 2  # EOS alone, or words then EOS
-    assert len(filled) == min(4, possible)  # all possible, up to the beam size
+    assert len(filled) == min(4, complete_outputs(max_length))  # all, up to the beam size
     assert_well_formed(filled, [max_length] * len(filled))
 
 

@@ -17,3 +17,17 @@ def software_versions() -> dict[str, str]:
     except importlib.metadata.PackageNotFoundError:
       versions[name] = "not installed"
   return versions
+
+
+def cpu_model() -> str:
+  """The CPU's model name and its bf16 features, from /proc/cpuinfo (Linux)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      info = f.read()
+  except OSError:
+    return "unknown CPU"
+  fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+  fields = {k.strip(): v.strip() for k, v in fields.items()}
+  features = set(fields.get("flags", "").split())
+  bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in features]
+  return f"{fields.get('model name', 'unknown CPU')} ({', '.join(bf16) or 'no bf16 units'})"

@@ -40,6 +40,7 @@ sys.path.insert(0, REPO)
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from aiayn_flax import provenance  # noqa: E402
 from bench import train_speed  # noqa: E402
 
 flags.DEFINE_string("size", "base", "quickstart or base (bench/train_speed.py's sizes).")
@@ -163,7 +164,7 @@ def profile_peer(python: str, config, batch: int, length: int) -> str:
 
 def main(argv):
   del argv
-  print(f"machine: {train_speed.cpu_model()}, {os.cpu_count()} CPUs, jax {jax.__version__}")
+  print(f"machine: {provenance.cpu_model()}, {os.cpu_count()} CPUs, jax {jax.__version__}")
   config, (batch, length) = train_speed.size_config(FLAGS.size)
   vocab_size = config.model.vocab_size
   seconds, per_name, lines, faults, kernel = trace_ours(FLAGS.size, FLAGS.steps)

@@ -48,7 +48,8 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from aiayn_flax import flops, huge_pages, model, optimizer, train_step, trainer  # noqa: E402
+from aiayn_flax import (  # noqa: E402
+    flops, huge_pages, model, optimizer, provenance, train_step, trainer)
 from bench.peer_request import peer_request  # noqa: E402
 from bench.synthetic_batches import real_tokens, synthetic_batches  # noqa: E402
 
@@ -101,20 +102,6 @@ def size_config(size: str):
     config.steps_per_call = FLAGS.steps_per_call
   config.model.dtype = "float32"  # "auto" is f32 on a CPU already; the bf16 rows set it
   return config, shape
-
-
-def cpu_model() -> str:
-  """The CPU's model name and its bf16 features, from /proc/cpuinfo (Linux)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      info = f.read()
-  except OSError:
-    return "unknown CPU"
-  fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-  fields = {k.strip(): v.strip() for k, v in fields.items()}
-  features = set(fields.get("flags", "").split())
-  bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in features]
-  return f"{fields.get('model name', 'unknown CPU')} ({', '.join(bf16) or 'no bf16 units'})"
 
 
 def matmul_peak_gflops(n: int = 2048, repeats: int = 10) -> float:
@@ -293,7 +280,7 @@ def scaling_rows(config, peak: float, base_batch: int, base_length: int) -> list
 def main(argv):
   del argv
   peak = matmul_peak_gflops()
-  print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, jax {jax.__version__} on "
+  print(f"machine: {provenance.cpu_model()}, {os.cpu_count()} CPUs, jax {jax.__version__} on "
         f"{jax.devices()[0].platform}, f32 matmul peak {peak:.1f} GFLOP/s (2048^3, best of 10)")
   if not FLAGS.sizes:
     config = FLAGS.config

@@ -250,10 +250,10 @@ def _decoding_attention(q, k, v_transposed, mask):
 def _beam_attention(q, k_transposed, v, mask):
   """`_decoding_attention` for a beam search's step: its beams' queries against every slot
   of their sentence. Each product is written as a broadcast multiply summed over an axis
-  that is not minor, in float32: XLA:CPU fuses each into one loop vectorised along the minor
-  axis (slots, then value features), 2.1-2.4x faster at 4 beams than the batched dots, whose
-  matrices are only `beams` wide (`bench/decode_step_rows.py`, docs/PERFORMANCE.md). With one
-  query the same form is 20x slower than the dots: greedy search keeps them."""
+  that is not minor, in float32: XLA:CPU runs each as one fused reduction vectorised along
+  the minor axis (slots, then value features), 1.9x as fast at 4 beams as the batched dots,
+  whose matrices are only `beams` wide. With one query the same form is 19x slower than the
+  dots, so greedy search keeps them (`bench/decode_step_rows.py`, docs/PERFORMANCE.md)."""
   # q: [B, beams, H, K]; k_transposed: [B, H, K, M]; v: [B, H, M, V]; mask broadcastable to
   # [B, 1, beams, M]
   f32 = jnp.float32

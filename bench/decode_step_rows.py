@@ -16,8 +16,10 @@ Any search that scores the same hypotheses computes at least this per step: ever
 logits over the whole vocabulary (an exact log-softmax needs all of them). So on this machine
 the ratio bounds beam k / greedy per decoding step from below, whatever the search does
 around it. For reference, the script also times the output layer's matmul alone ([rows, d_model]
-x [d_model, vocab], XLA's dot) at both row counts. It prints each step's analytic FLOPs and
-the rate they run at.
+x [d_model, vocab], XLA's dot) at both row counts, and a self-attention step alone in both of
+model.py's forms (`_decoding_attention`'s batched dots, `_beam_attention`'s broadcast
+products) with one query and with `beam` queries per sentence, each on its own cache layout.
+It prints each step's analytic FLOPs and the rate they run at.
 """
 import functools
 import os
@@ -105,6 +107,31 @@ def make_stepper(model, steps: int):
   return start, run
 
 
+def attention_forms(batch: int, heads: int, d_k: int, beams: int) -> dict:
+  """The two forms of a decoding step's self-attention, as {name: call} on random inputs
+  shaped as the step's: `beams` queries per sentence, CACHE_LENGTH x beams slots, a mask that
+  hides 3 slots in 10."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from aiayn_flax import model as model_lib
+  rng = np.random.default_rng(0)
+  slots = CACHE_LENGTH * beams
+  q = jnp.asarray(rng.normal(size=(batch, beams, heads, d_k)), jnp.float32)
+  keys = jnp.asarray(rng.normal(size=(batch, heads, slots, d_k)), jnp.float32)
+  values = jnp.asarray(rng.normal(size=(batch, heads, slots, d_k)), jnp.float32)
+  mask = jnp.asarray(rng.random((batch, 1, beams, slots)) < 0.7)
+  # Each form reads the cache layout model.py keeps for it.
+  dots_inputs = (q, keys, jnp.swapaxes(values, 2, 3), mask)
+  products_inputs = (q, jnp.swapaxes(keys, 2, 3), values, mask)
+  dots = jax.jit(model_lib._decoding_attention)  # noqa: SLF001
+  products = jax.jit(model_lib._beam_attention)  # noqa: SLF001
+  return {"batched dots": lambda: [dots(*dots_inputs) for _ in range(FLAGS.steps)][-1],
+          "broadcast products": lambda: [products(*products_inputs)
+                                         for _ in range(FLAGS.steps)][-1]}
+
+
 def alternate(calls: dict, repeats: int) -> dict:
   """Median seconds of each call, timed in turn `repeats` times, and the pairs' ratios."""
   import jax
@@ -120,9 +147,10 @@ def alternate(calls: dict, repeats: int) -> dict:
 
 
 def ratio_line(what: str, seconds: dict) -> str:
-  few, many = seconds.values()
-  ratios = sorted(b / a for a, b in zip(few, many))
-  return (f"{what}: {' / '.join(seconds)} = {statistics.median(ratios):.2f} (median of "
+  """The time of the second call over the first's: the median of the pairs' ratios."""
+  (first, first_times), (second, second_times) = seconds.items()
+  ratios = sorted(b / a for a, b in zip(first_times, second_times))
+  return (f"{what}: time {second} / {first} = {statistics.median(ratios):.2f} (median of "
           f"{' '.join(f'{r:.2f}' for r in ratios)})")
 
 
@@ -132,13 +160,15 @@ def main(argv):
   import jax.numpy as jnp
 
   from aiayn_flax import huge_pages, provenance, run_dir
+  from aiayn_flax.model import head_dims
   config = run_dir.load_config(FLAGS.workdir)
   model, params, steps = run_dir.load_model_and_params(FLAGS.workdir, config, 1)
   vocab = run_dir.load_vocabulary(FLAGS.workdir, config)
   inputs = jnp.asarray(median_batch(config, vocab, FLAGS.batch))
-  print(f"workdir: {FLAGS.workdir} (step {steps[-1]}); {provenance.cpu_model()}; {huge_pages.describe()}")
-  print(f"batch {inputs.shape[0]} x {inputs.shape[1]} "
-        f"source positions, cache {CACHE_LENGTH}, {FLAGS.steps} steps per call")
+  print(f"workdir: {FLAGS.workdir} (step {steps[-1]}); {provenance.cpu_model()}; "
+        f"{huge_pages.describe()}")
+  print(f"batch {inputs.shape[0]} x {inputs.shape[1]} source positions, cache {CACHE_LENGTH}, "
+        f"{FLAGS.steps} steps per call")
   start, run = make_stepper(model, FLAGS.steps)
   row_counts = {1: f"{inputs.shape[0]} rows", FLAGS.beam: f"{inputs.shape[0] * FLAGS.beam} rows"}
   caches = {beams: start(params, inputs, beams) for beams in row_counts}
@@ -164,6 +194,15 @@ def main(argv):
     print(f"output layer matmul alone, {name}: {per_call * 1e3:.2f} ms, "
           f"{flops / per_call / 1e9:.0f} GFLOP/s")
   print(ratio_line("output layer matmul alone", matmul_seconds))
+
+  d_k = head_dims(config.model)[0]
+  for beams in (1, FLAGS.beam):
+    forms = attention_forms(inputs.shape[0], config.model.num_heads, d_k, beams)
+    attention_seconds = alternate(forms, FLAGS.repeats)
+    print(f"self-attention alone, {beams} quer{'y' if beams == 1 else 'ies'} per sentence: "
+          + ", ".join(f"{name} {statistics.median(t) / FLAGS.steps * 1e3:.3f} ms"
+                      for name, t in attention_seconds.items()))
+    print(ratio_line(f"self-attention alone, {beams} per sentence", attention_seconds))
 
 
 if __name__ == "__main__":

@@ -70,11 +70,13 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
       return tokens_to_logits
 
     def tokens_to_logits_for(sentences):  # the step of those sentences alone
-      return tokens_to_logits_of(*jax.tree.map(lambda x: x[sentences], (inputs, fixed_cache)))
+      return tokens_to_logits_of(*jax.tree.map(
+          lambda x: decoding.take_sentences(x, sentences, inputs.shape[0]),
+          (inputs, fixed_cache)))
 
     tokens_to_logits = tokens_to_logits_of(inputs, fixed_cache)
     rows = compacted_rows(inputs.shape[0], devices) if compact else 0
-    compaction = (decoding.Compaction(rows, tokens_to_logits_for)
+    compaction = (decoding.Compaction(rows, tokens_to_logits_for, groups=devices)
                   if rows and constraint_for is None else None)
     constrain_log_probs = constraint_for(inputs, max_lengths) if constraint_for else None
     if beam_size == 1 and num_results is None:

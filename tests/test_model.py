@@ -173,21 +173,26 @@ def test_translator_search_matches_the_plain_algorithm(seed, extra_length):
 
 
 @pytest.mark.parametrize("beams", [1, 4])
-def test_compacted_decoding_finds_what_the_whole_batch_finds(beams):
+@pytest.mark.parametrize("devices", [1, 2])
+def test_compacted_decoding_finds_what_the_whole_batch_finds(beams, devices):
   """Once a quarter of the batch is left, the translator goes on with those sentences alone
   (gathered from a cache already grown to full length, and the encoder's output gathered
   for them): every output must be the whole batch's, and the compaction must have happened
-  (sentences end at different steps; here their max lengths differ)."""
+  (sentences end at different steps; here their max lengths differ). With the rows split
+  over 2 devices, each half keeps 2 of its own sentences, and waits until no more are left
+  in either (here the second half's sentences end last)."""
   model = small_model()
   rng = np.random.default_rng(3)
   lengths = [1, 2, 3, 3, 4, 5, 7, 8, 2, 6, 1, 8, 3, 5, 2, 4]  # 16 sentences: 4 go on alone
+  if devices == 2:  # the longer sources all in the second half: its sentences end last
+    lengths.sort()
   inputs = np.array(random_tokens(rng, 16, 8))
   for row, length in enumerate(lengths):
     inputs[row, length:] = 0
   params = model.init(jax.random.key(3), inputs, random_tokens(rng, 16, 5))["params"]
-  assert translator.compacted_rows(16) == 4
+  assert translator.compacted_rows(16, devices) == 4
   whole = translator.make_decode_fn(model, beams, 0.6, 20, compact=False)(params, inputs)
-  compacted_fn = translator.make_decode_fn(model, beams, 0.6, 20)
+  compacted_fn = translator.make_decode_fn(model, beams, 0.6, 20, devices=devices)
   np.testing.assert_array_equal(compacted_fn(params, inputs), whole)
   output_lengths = np.sum(np.asarray(whole) != 0, axis=1)
   assert np.sum(output_lengths < output_lengths.max()) > 12  # most ended before the last

@@ -144,7 +144,7 @@ class Compaction(NamedTuple):
   `groups`: the batch is that many equal parts, one per device that decodes its rows, and
   each part keeps rows // groups of its own sentences. No sentence moves to another device:
   a gather across the parts would copy the whole cache onto every device (big's beam search
-  on 8 V100s needed 14.0 GB a device so, against 4.5 GB decoding whole batches)."""
+  on 8 V100s needed 14.0 GB a device so, 6.7 GB part by part: docs/SCALE.md)."""
   rows: int  # static, a multiple of groups
   # sentence indices int32[groups, rows // groups], each within its part (see
   # take_sentences) -> the model's step for those sentences alone (what it reads besides the

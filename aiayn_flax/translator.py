@@ -10,6 +10,7 @@ batch, and every process gets all the translations. No sentence is dropped: an e
 translates to an empty line, and sources are padded to a few fixed lengths (multiples of
 `LENGTH_QUANTUM`) so a test set compiles only a few shapes.
 """
+import functools
 import time
 from collections.abc import Callable
 
@@ -45,29 +46,11 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
     source_lengths = jnp.sum(inputs != model_lib.PAD_ID, axis=1)  # [B]
     # Section 6.1: at most input length + 50; the batch's empty filler rows end at once.
     max_lengths = jnp.where(source_lengths > 0, source_lengths + extra_length, 1)
-    memory = model.apply({"params": params}, inputs, method=model_lib.Transformer.encode)
-    # One row per hypothesis: the model lays its cache out for beam_size beams per sentence.
     # The cache starts short and grows (each step's attention reads all of it).
     stages = decoding.CacheStages(cache_stage_lengths(max_decode_len),
                                   model_lib.grow_decode_cache)
-    bos = jnp.full((inputs.shape[0] * beam_size, 1), model_lib.BOS_ID, jnp.int32)
-    _, variables = model.apply({"params": params}, memory, inputs, bos, decode=True,
-                               cache_length=stages.lengths[0],
-                               method=model_lib.Transformer.decode, mutable=["cache"])
-    # The encoder output's keys/values are fixed while decoding: they stay out of the loop
-    # state.
-    step_cache, fixed_cache = _split_cache(variables["cache"])
-
-    def tokens_to_logits_of(inputs, fixed_cache):
-      def tokens_to_logits(ids, step_cache):
-        # ids: [N, 1] -> logits [N, V]
-        cache = traverse_util.unflatten_dict({**traverse_util.flatten_dict(step_cache),
-                                              **fixed_cache})
-        logits, updated = model.apply(
-            {"params": params, "cache": cache}, None, inputs, ids, decode=True,
-            method=model_lib.Transformer.decode, mutable=["cache"])
-        return logits[:, 0], _split_cache(updated["cache"])[0]
-      return tokens_to_logits
+    step_cache, fixed_cache = start_decoding(model, params, inputs, beam_size, stages.lengths[0])
+    tokens_to_logits_of = functools.partial(decoding_step, model, params)
 
     def tokens_to_logits_for(sentences):  # the step of those sentences alone
       return tokens_to_logits_of(*jax.tree.map(
@@ -92,6 +75,32 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
     return sequences[:, 0] if num_results is None else (sequences, scores)
 
   return decode
+
+
+def start_decoding(model, params, inputs, beam_size: int, cache_length: int):
+  """Encodes `inputs` [B, S] and creates the decoding cache for beam_size rows per sentence
+  (one per hypothesis, laid out by the model for that many beams) with room for
+  cache_length positions: (the part a step updates, the cross-attention's fixed keys/values,
+  which stay out of the loop state)."""
+  memory = model.apply({"params": params}, inputs, method=model_lib.Transformer.encode)
+  bos = jnp.full((inputs.shape[0] * beam_size, 1), model_lib.BOS_ID, jnp.int32)
+  _, variables = model.apply({"params": params}, memory, inputs, bos, decode=True,
+                             cache_length=cache_length, method=model_lib.Transformer.decode,
+                             mutable=["cache"])
+  return _split_cache(variables["cache"])
+
+
+def decoding_step(model, params, inputs, fixed_cache):
+  """The model's decoding step for these sentences: (ids [N, 1], step cache) -> (logits
+  [N, V], the updated step cache)."""
+  def tokens_to_logits(ids, step_cache):
+    cache = traverse_util.unflatten_dict({**traverse_util.flatten_dict(step_cache),
+                                          **fixed_cache})
+    logits, updated = model.apply(
+        {"params": params, "cache": cache}, None, inputs, ids, decode=True,
+        method=model_lib.Transformer.decode, mutable=["cache"])
+    return logits[:, 0], _split_cache(updated["cache"])[0]
+  return tokens_to_logits
 
 
 def compacted_rows(rows: int, devices: int = 1) -> int:

@@ -71,36 +71,27 @@ def median_batch(config, vocab, batch: int):
 
 
 def make_stepper(model, steps: int):
-  """jit-compiled (params, inputs, beams) -> the first tokens of `steps` greedy-like steps on
-  inputs.shape[0] x beams rows (every beam of a sentence fed the same token)."""
+  """jit-compiled start(params, inputs, beams) -> the translator's decoding cache for
+  inputs.shape[0] x beams rows, and run(params, inputs, step_cache, fixed_cache) -> the first
+  tokens of `steps` greedy-like steps of the translator's decoding step on those rows (every
+  beam of a sentence fed the same token)."""
   import jax
   import jax.numpy as jnp
 
   from aiayn_flax import decoding, model as model_lib, translator
 
-  @functools.partial(jax.jit, static_argnums=2)
-  def start(params, inputs, beams):
-    memory = model.apply({"params": params}, inputs, method=model_lib.Transformer.encode)
-    bos = jnp.full((inputs.shape[0] * beams, 1), model_lib.BOS_ID, jnp.int32)
-    _, variables = model.apply({"params": params}, memory, inputs, bos, decode=True,
-                               cache_length=CACHE_LENGTH, method=model_lib.Transformer.decode,
-                               mutable=["cache"])
-    return translator._split_cache(variables["cache"])  # noqa: SLF001 - the translator's split
+  start = jax.jit(lambda params, inputs, beams: translator.start_decoding(
+      model, params, inputs, beams, CACHE_LENGTH), static_argnums=2)
 
   @jax.jit
   def run(params, inputs, step_cache, fixed_cache):
-    from flax import traverse_util
-    rows = jax.tree.leaves(step_cache["decoder"]["slots"])[0].shape[0]
+    tokens_to_logits = translator.decoding_step(model, params, inputs, fixed_cache)
+    rows = step_cache["decoder"]["slots"].shape[0]
 
     def body(_, carry):
       ids, step_cache = carry
-      cache = traverse_util.unflatten_dict({**traverse_util.flatten_dict(step_cache),
-                                            **fixed_cache})
-      logits, updated = model.apply({"params": params, "cache": cache}, None, inputs, ids,
-                                    decode=True, method=model_lib.Transformer.decode,
-                                    mutable=["cache"])
-      next_ids = decoding.argmax_by_chunks(logits[:, 0])[:, None]
-      return next_ids, translator._split_cache(updated["cache"])[0]  # noqa: SLF001
+      logits, step_cache = tokens_to_logits(ids, step_cache)
+      return decoding.argmax_by_chunks(logits)[:, None], step_cache
     ids = jnp.full((rows, 1), model_lib.BOS_ID, jnp.int32)
     return jax.lax.fori_loop(0, steps, body, (ids, step_cache))[0]
 

@@ -88,9 +88,6 @@ def check_backend(config) -> str | None:
   devices = jax.devices()
   print(f"backend: {jax.default_backend()}; {len(devices)} x {devices[0].device_kind} "
         f"over {jax.process_count()} process(es)", flush=True)
-  if jax.default_backend() == "cpu":
-    from aiayn_flax import huge_pages
-    print(huge_pages.describe(), flush=True)
   if (jax.default_backend() == "cpu" and config.needs_accelerator
       and config.get("device", "") != "cpu"):
     return (f"{config.name} is a paper-scale run and jax sees only the CPU: on a TPU VM "
@@ -195,5 +192,5 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
   from aiayn_flax import huge_pages
-  huge_pages.restart_with_huge_pages()  # XLA:CPU's buffers on huge pages: fewer page faults
+  huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? (set from outside: no restart)
   app.run(main, flags_parser=parse_flags)

@@ -175,5 +175,5 @@ def main(argv):
 
 if __name__ == "__main__":
   from aiayn_flax import huge_pages
-  huge_pages.restart_with_huge_pages()  # XLA:CPU's buffers on huge pages: fewer page faults
+  huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? (set from outside: no restart)
   app.run(main)

@@ -1,7 +1,9 @@
-"""Host buffers on transparent huge pages (aiayn_flax/huge_pages.py): when the entry points
-restart themselves, and that glibc still honours the setting on this machine."""
+"""Host malloc on huge pages (aiayn_flax/huge_pages.py): the entry points say in one line
+whether it is on, for every way a user starts them, and never restart themselves; the line is
+right for each setting, allocator and kernel mode; and glibc still honours the setting here."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,37 +12,67 @@ import pytest
 
 from aiayn_flax import huge_pages
 
-# A program that restarts as train.py does, then mallocs and touches 256 MiB, and prints its
-# process id, GLIBC_TUNABLES and the page faults the touching took.
-PROBE = textwrap.dedent("""
-    import ctypes, json, os, resource, sys
-    from aiayn_flax import huge_pages
-    print(os.getpid(), flush=True)
-    huge_pages.restart_with_huge_pages()
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype = ctypes.c_void_p
-    size = 256 * 2 ** 20
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    ctypes.memset(libc.malloc(size), 1, size)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    print(json.dumps({"pid": os.getpid(), "tunables": os.environ.get("GLIBC_TUNABLES", ""),
-                      "faults": faults, "argv": sys.argv[1:]}))
-""")
-PAGES_OF_4K = 256 * 2 ** 20 // 4096
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GLIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+NOT_SET = {}
+SET = {"GLIBC_TUNABLES": huge_pages.TUNABLE}
 
 
-@pytest.mark.parametrize("environ, mode, libc, expected", [
-    ({}, "madvise", (2, 36), True),
-    ({}, "madvise", (2, 34), False),  # glibc without the tunable
-    ({}, "always", (2, 36), False),  # huge pages without asking
-    ({}, "never", (2, 36), False),
-    ({}, "", (), False),  # not Linux with glibc
-    ({"AIAYN_HUGE_PAGES": "0"}, "madvise", (2, 36), False),
-    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, "madvise", (2, 36), False),  # restarted
-    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "madvise", (2, 36), True),
+@pytest.mark.parametrize("environ, mode, libc, malloc_path, expected", [
+    (NOT_SET, "madvise", (2, 36), GLIBC,
+     "host malloc on huge pages: no (transparent huge pages: madvise); on a CPU, start the "
+     "command with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for fewer page faults per step "
+     "(docs/PERFORMANCE.md#host-buffers-on-huge-pages)"),
+    (SET, "madvise", (2, 36), GLIBC,
+     "host malloc on huge pages: yes (GLIBC_TUNABLES=glibc.malloc.hugetlb=1, transparent huge "
+     "pages: madvise): fewer page faults per XLA:CPU step"),
+    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}, "madvise", (2, 36),
+     GLIBC, "host malloc on huge pages: yes (GLIBC_TUNABLES=glibc.malloc.hugetlb=1, transparent "
+     "huge pages: madvise): fewer page faults per XLA:CPU step"),
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0"}, "madvise", (2, 36),
+     GLIBC, "host malloc on huge pages: no (GLIBC_TUNABLES sets glibc.malloc.hugetlb=0; "
+     "transparent huge pages: madvise)"),
+    (SET, "madvise", (2, 31), GLIBC,
+     "host malloc on huge pages: no, glibc 2.31 ignores GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+     "(it needs glibc >= 2.35; transparent huge pages: madvise)"),
+    (NOT_SET, "madvise", (2, 31), "/lib/x86_64-linux-gnu/libc-2.31.so",
+     "host malloc on huge pages: no (transparent huge pages: madvise); glibc 2.31 cannot ask "
+     "for them (the setting needs >= 2.35)"),
+    (NOT_SET, "always", (2, 36), GLIBC,
+     "host malloc on huge pages: yes, the kernel gives them unasked (transparent huge pages: "
+     "always); GLIBC_TUNABLES=glibc.malloc.hugetlb=1 not needed"),
+    (SET, "always", (2, 36), GLIBC,
+     "host malloc on huge pages: yes, the kernel gives them unasked (transparent huge pages: "
+     "always); GLIBC_TUNABLES=glibc.malloc.hugetlb=1 not needed"),
+    (NOT_SET, "never", (2, 36), GLIBC,
+     "host malloc on huge pages: no, the kernel gives none (transparent huge pages: never); as "
+     "root, echo madvise > /sys/kernel/mm/transparent_hugepage/enabled, then "
+     "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (docs/PERFORMANCE.md#host-buffers-on-huge-pages)"),
+    (SET, "never", (2, 36), GLIBC,
+     "host malloc on huge pages: no, the kernel gives none (transparent huge pages: never); "
+     "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 has nothing to ask for; as root, echo madvise > "
+     "/sys/kernel/mm/transparent_hugepage/enabled, then GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+     "(docs/PERFORMANCE.md#host-buffers-on-huge-pages)"),
+    ({**SET, "LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}, "madvise", (2, 36),
+     "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+     "host malloc: libjemalloc.so.2 (LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2), "
+     "not glibc's: GLIBC_TUNABLES does not apply; whether its blocks take huge pages is its own "
+     "setting and the kernel's (transparent huge pages: madvise)"),
+    ({"LD_PRELOAD": "libtcmalloc_minimal.so.4"}, "always", (2, 36),
+     "/usr/lib/libtcmalloc_minimal.so.4",
+     "host malloc: libtcmalloc_minimal.so.4 (LD_PRELOAD=libtcmalloc_minimal.so.4), not glibc's: "
+     "GLIBC_TUNABLES does not apply; whether its blocks take huge pages is its own setting and "
+     "the kernel's (transparent huge pages: always)"),
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}, "madvise", (2, 36), GLIBC,
+     "host malloc on huge pages: the kernel's reserved ones, GLIBC_TUNABLES sets "
+     "glibc.malloc.hugetlb=2 (as many as /proc/sys/vm/nr_hugepages holds, else default pages; "
+     "transparent huge pages: madvise)"),
+    (NOT_SET, "", (), "", "host malloc on huge pages: unknown (C library not glibc; transparent "
+     "huge pages: unknown)"),
 ])
-def test_restart_needed(environ, mode, libc, expected):
-  assert huge_pages.restart_needed(environ, mode, libc) is expected
+def test_describe_says_whether_malloc_takes_huge_pages_and_how_to_turn_them_on(
+    environ, mode, libc, malloc_path, expected):
+  assert huge_pages.describe(environ, mode, libc, malloc_path) == expected
 
 
 def test_transparent_huge_page_mode_reads_the_bracketed_word(tmp_path):
@@ -50,35 +82,140 @@ def test_transparent_huge_page_mode_reads_the_bracketed_word(tmp_path):
   assert huge_pages.transparent_huge_page_mode(str(tmp_path / "missing")) == ""
 
 
-def run_probe(tmp_path, environ_extra: dict) -> tuple[int, dict]:
-  """The probe's process id before the restart, and what it printed after."""
-  script = tmp_path / "probe.py"
-  script.write_text(PROBE)
-  environ = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-  result = subprocess.run([sys.executable, str(script), "--flag", "two words"],
-                          env={**environ, **environ_extra}, capture_output=True, text=True,
-                          check=True, timeout=60)
-  lines = result.stdout.splitlines()
-  return int(lines[0]), json.loads(lines[-1])
+def test_hugetlb_tunable_is_the_last_value_glibc_tunables_gives():
+  assert huge_pages.hugetlb_tunable("") == ""
+  assert huge_pages.hugetlb_tunable("glibc.malloc.arena_max=2") == ""
+  assert huge_pages.hugetlb_tunable("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1") == "1"
+  assert huge_pages.hugetlb_tunable("glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0") == "0"
 
 
-def test_the_restarted_process_takes_huge_pages(tmp_path):
-  """Where the kernel and glibc allow it, the command restarts once (same process id and
-  arguments, GLIBC_TUNABLES set) and touching fresh malloc'ed memory takes at most a tenth of
-  the 4 KiB page faults; elsewhere it does not restart."""
-  pid, after = run_probe(tmp_path, {})
-  assert after["pid"] == pid and after["argv"] == ["--flag", "two words"]
-  if huge_pages.restart_needed({}, huge_pages.transparent_huge_page_mode(),
-                               huge_pages.glibc_version()):
-    assert after["tunables"] == huge_pages.TUNABLE
-    assert after["faults"] < PAGES_OF_4K / 10, (
-        f"{after['faults']} page faults for {PAGES_OF_4K} pages: glibc ignored {huge_pages.TUNABLE}")
-  else:
-    assert after["tunables"] == ""
+# --- Processes: how malloc is really served here, and the entry points as users start them.
+
+def environment(**extra) -> dict:
+  """This process's environment without a malloc setting or preload, plus `extra`."""
+  environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+  return {**environ, **extra}
 
 
-def test_turned_off_keeps_the_default_pages(tmp_path):
-  pid, after = run_probe(tmp_path, {"AIAYN_HUGE_PAGES": "0"})
-  assert after["pid"] == pid and after["tunables"] == ""
-  if huge_pages.transparent_huge_page_mode() == "madvise":  # malloc's memory on 4 KiB pages
-    assert after["faults"] >= PAGES_OF_4K
+# Mallocs and touches 256 MiB; prints the line `describe()` gives in this process and the
+# page faults the touching took.
+PROBE = textwrap.dedent("""
+    import ctypes, json, resource
+    from aiayn_flax import huge_pages
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    size = 256 * 2 ** 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    ctypes.memset(libc.malloc(size), 1, size)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    print(json.dumps({"line": huge_pages.describe(), "faults": faults,
+                      "malloc": huge_pages.malloc_library()}))
+""")
+PAGES_OF_4K = 256 * 2 ** 20 // 4096
+
+
+def run_probe(environ: dict) -> dict:
+  result = subprocess.run([sys.executable, "-c", PROBE], env=environ, cwd=REPO,
+                          capture_output=True, text=True, check=True, timeout=60)
+  return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow  # starts processes
+def test_a_process_started_with_the_setting_takes_huge_pages_where_the_line_says_so():
+  """What the line says is what the pages are: "yes" with at most a tenth of the 4 KiB page
+  faults, "no" with one fault per 4 KiB (under THP madvise, the common default)."""
+  mode = huge_pages.transparent_huge_page_mode()
+  with_setting, without = run_probe(environment(**SET)), run_probe(environment())
+  assert huge_pages.is_glibc_library(without["malloc"]), without["malloc"]
+  assert with_setting["line"] == huge_pages.describe(SET, mode, huge_pages.glibc_version(),
+                                                     with_setting["malloc"])
+  assert without["line"] == huge_pages.describe({}, mode, huge_pages.glibc_version(),
+                                                without["malloc"])
+  if with_setting["line"].startswith("host malloc on huge pages: yes"):
+    assert with_setting["faults"] < PAGES_OF_4K / 10, (
+        f"{with_setting['faults']} page faults for {PAGES_OF_4K} pages: glibc ignored "
+        f"{huge_pages.TUNABLE}")
+  if mode == "madvise":
+    assert without["line"].startswith("host malloc on huge pages: no")
+    assert without["faults"] >= PAGES_OF_4K
+
+
+@pytest.mark.slow  # builds a library, starts processes
+@pytest.mark.parametrize("name", ["libjemalloc_stand_in.so", "libtcmalloc_stand_in.so"])
+def test_a_preloaded_allocator_is_named_and_glibc_s_setting_said_not_to_apply(tmp_path, name):
+  """A malloc put first by LD_PRELOAD (a stand-in built here that forwards to glibc's: what the
+  line reads is which library serves `malloc`, whatever it does inside)."""
+  if not shutil.which("cc"):
+    pytest.skip("no C compiler to build a stand-in allocator")
+  source = tmp_path / "malloc.c"
+  source.write_text("#include <stddef.h>\nextern void *__libc_malloc(size_t);\n"
+                    "void *malloc(size_t n) { return __libc_malloc(n); }\n")
+  library = tmp_path / name
+  subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True,
+                 timeout=60)
+  probe = run_probe(environment(LD_PRELOAD=str(library), **SET))
+  assert probe["malloc"] == str(library)
+  assert probe["line"].startswith(f"host malloc: {name} (LD_PRELOAD={library}), not glibc's: "
+                                  "GLIBC_TUNABLES does not apply")
+
+
+# Every interpreter start, the first and any re-executed one, says so on stderr.
+STARTS = "import os, sys; sys.stderr.write(f'interpreter started: {os.getpid()}\\n')\n"
+TRAIN = ["--config=configs/toy.py", "--dry_run"]  # seconds: parses flags, prints the plan
+# A stand-in for the `ipython` script: `%run train.py ARGS` runs the file in the same process
+# with sys.argv = ['train.py', ARGS] and __name__ == '__main__', the working folder on sys.path.
+IPYTHON = ("import runpy, sys\nsys.path.insert(0, '')\nsys.argv = ['train.py', *sys.argv[1:]]\n"
+           "runpy.run_path('train.py', run_name='__main__')\n")
+LAUNCHES = {
+    "python": ([sys.executable, "train.py", *TRAIN], None),
+    "runpy, as %run": ([sys.executable, "{tmp}/ipython_stand_in.py", *TRAIN], None),
+    "python -m pdb": ([sys.executable, "-m", "pdb", "-c", "continue", "train.py", *TRAIN], "q\n"),
+    "stdin": ([sys.executable, "-", *TRAIN], open(os.path.join(REPO, "train.py")).read()),
+}
+
+
+def start(command, stdin, environ, tmp_path) -> subprocess.CompletedProcess:
+  (tmp_path / "sitecustomize.py").write_text(STARTS)
+  (tmp_path / "ipython_stand_in.py").write_text(IPYTHON)
+  command = [part.replace("{tmp}", str(tmp_path)) for part in command]
+  environ = {**environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+      str(tmp_path), environ.get("PYTHONPATH", "")]))}
+  return subprocess.run(command, cwd=REPO, env=environ, input=stdin or "", capture_output=True,
+                        text=True, timeout=120)
+
+
+def report_lines(stderr: str) -> list[str]:
+  return [line.split("] ", 1)[1] for line in stderr.splitlines()
+          if "huge_pages.py" in line and "] host malloc" in line]
+
+
+@pytest.mark.slow  # starts train.py: 6 processes of a few seconds
+@pytest.mark.parametrize("launch", LAUNCHES)
+@pytest.mark.parametrize("setting", [NOT_SET, SET], ids=["not set", "set"])
+def test_train_py_reports_the_setting_once_and_never_restarts(tmp_path, launch, setting):
+  """train.py started plainly, through runpy as IPython's %run does, under pdb
+  (non-interactive: `continue`, then `q` at pdb's prompt after the program ends) and from
+  stdin: one interpreter start, one line, the line for the environment it was given; and the
+  dry run's plan printed (stdin was not read twice)."""
+  command, stdin = LAUNCHES[launch]
+  result = start(command, stdin, environment(**setting), tmp_path)
+  assert result.returncode == 0, result.stderr[-3000:]
+  starts = [line for line in result.stderr.splitlines()
+            if line.startswith("interpreter started: ")]
+  assert len(starts) == 1, result.stderr[-3000:]
+  assert report_lines(result.stderr) == [huge_pages.describe(setting)], result.stderr[-3000:]
+  assert "bucket_boundaries: 8,12" in result.stdout
+
+
+@pytest.mark.slow  # starts processes
+@pytest.mark.parametrize("script", ["evaluate.py", "translate.py"])
+def test_evaluate_and_translate_report_the_setting_once_and_never_restart(tmp_path, script):
+  """Past flag parsing (a workdir that does not exist: they stop at once, with their own
+  one-line error), each says the line once, on stderr, from its only interpreter start."""
+  result = start([sys.executable, script, f"--workdir={tmp_path / 'none'}"], None,
+                 environment(), tmp_path)
+  assert result.returncode != 0
+  assert len([line for line in result.stderr.splitlines()
+              if line.startswith("interpreter started: ")]) == 1, result.stderr[-3000:]
+  assert report_lines(result.stderr) == [huge_pages.describe({})], result.stderr[-3000:]
+  assert "host malloc" not in result.stdout  # translate.py's stdout is translations

@@ -83,3 +83,26 @@ def test_test_workers_and_tests_choose_the_workers_and_the_files(tmp_path, targe
   assert result.returncode == 0, result.stderr
   assert "-m pytest tests/test_model.py " in result.stdout
   assert " -n 3 --dist loadfile" in result.stdout and "-n auto" not in result.stdout
+
+
+@pytest.mark.parametrize("accelerator,user_tunables,expected", [
+    ("cpu", None, "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "),
+    ("cpu", "glibc.malloc.arena_max=2", "GLIBC_TUNABLES=glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1 "),
+    ("cpu", "glibc.malloc.hugetlb=0", ""),  # the user's own choice stands
+    ("gpu", None, ""),  # nothing measured a gain on an accelerator
+    ("tpu", None, "")])
+def test_quickstart_starts_malloc_on_huge_pages_on_the_cpu_only(
+    tmp_path, accelerator, user_tunables, expected):
+  """The setting is the environment's, given by the command line make prints, not a restart of
+  the entry points (aiayn_flax/huge_pages.py)."""
+  env = host_env(tmp_path, accelerator)
+  env.pop("GLIBC_TUNABLES", None)
+  if user_tunables:
+    env["GLIBC_TUNABLES"] = user_tunables
+  result = make("-n", "quickstart", f"VENV={tmp_path / 'venv'}", env=env)
+  assert result.returncode == 0, result.stderr
+  commands = [line for line in result.stdout.splitlines() if " train.py " in line or
+              " evaluate.py " in line]
+  assert len(commands) == 3
+  for command in commands:
+    assert command.startswith(f"{expected}{tmp_path / 'venv'}/bin/python "), command

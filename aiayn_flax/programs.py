@@ -24,20 +24,24 @@ def training_programs(config, model, mesh, state_sharding) -> TrainingPrograms:
   batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   stacked_batch_sharding = sharding.stacked_batch_sharding(mesh)
   schedule = optimizer.learning_rate_schedule(config)
+  one_vector = optimizer.state_is_whole_on_each_device(config)
   step_fn = jax.jit(
       functools.partial(train_step.train_step, model=model,
-                        label_smoothing=config.label_smoothing, schedule=schedule),
+                        label_smoothing=config.label_smoothing, schedule=schedule,
+                        one_vector=one_vector),
       in_shardings=(state_sharding, batch_sharding, replicated),
       out_shardings=(state_sharding, replicated), donate_argnums=0)
   steps_fn = jax.jit(
       functools.partial(train_step.train_steps, model=model,
-                        label_smoothing=config.label_smoothing, schedule=schedule),
+                        label_smoothing=config.label_smoothing, schedule=schedule,
+                        one_vector=one_vector),
       in_shardings=(state_sharding, stacked_batch_sharding, replicated, replicated),
       out_shardings=(state_sharding, replicated), donate_argnums=0)
   accumulate_fn = jax.jit(functools.partial(train_step.accumulate_step, model=model,
                                             label_smoothing=config.label_smoothing),
                           donate_argnums=0)
-  apply_fn = jax.jit(functools.partial(train_step.apply_gradient_sums, schedule=schedule),
+  apply_fn = jax.jit(functools.partial(train_step.apply_gradient_sums, schedule=schedule,
+                                        one_vector=one_vector),
                      out_shardings=(state_sharding, replicated), donate_argnums=(0, 1))
   eval_fn = jax.jit(functools.partial(train_step.eval_step, model=model,
                                       label_smoothing=config.label_smoothing))

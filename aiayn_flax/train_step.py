@@ -2,6 +2,7 @@
 import functools
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -61,23 +62,47 @@ def loss_and_grads(params, batch, rng, *, model, label_smoothing: float):
   return grads, {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens}
 
 
-def apply_gradient_sums(state, grad_sums, metrics, *, schedule):
-  """One optimizer update with the gradient per real target token."""
-  grads = jax.tree.map(lambda g: g / jnp.maximum(metrics["tokens"], 1.0), grad_sums)
-  metrics = dict(metrics, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
-  return state.apply_gradients(grads=grads), metrics
+def apply_gradient_sums(state, grad_sums, metrics, *, schedule, one_vector: bool = False):
+  """One optimizer update with the gradient per real target token (`one_vector`: as
+  optimizer.skip_nonfinite's)."""
+  with jax.named_scope("optimizer"):
+    grads, grad_norm = gradients_per_token(grad_sums, metrics["tokens"], one_vector)
+    metrics = dict(metrics, grad_norm=grad_norm, learning_rate=schedule(state.step))
+    return state.apply_gradients(grads=grads), metrics
 
 
-def train_step(state, batch, rng, *, model, label_smoothing: float, schedule):
+def gradients_per_token(grad_sums, tokens, one_vector: bool):
+  """The gradient sums divided by the token count, and their L2 norm. With `one_vector` (as
+  optimizer.skip_nonfinite), on a GPU or TPU, computed on one vector of all of them (one
+  kernel for the norm, the division fused into the update); on the CPU per array."""
+  def per_array(sums, tokens):
+    grads = jax.tree.map(lambda g: g / jnp.maximum(tokens, 1.0), sums)
+    return grads, optax.tree.norm(grads)
+
+  def in_one_vector(sums, tokens):
+    flat_sums, unflatten = jax.flatten_util.ravel_pytree(sums)
+    flat_grads = flat_sums / jnp.maximum(tokens, 1.0)
+    return unflatten(flat_grads), jnp.sqrt(jnp.sum(flat_grads * flat_grads))
+
+  if not one_vector or optimizer.FORM == "per_array":
+    return per_array(grad_sums, tokens)
+  if optimizer.FORM == "one_vector":
+    return in_one_vector(grad_sums, tokens)
+  return jax.lax.platform_dependent(grad_sums, tokens, cpu=per_array, default=in_one_vector)
+
+
+def train_step(state, batch, rng, *, model, label_smoothing: float, schedule,
+               one_vector: bool = False):
   """One optimizer update on one batch; metrics stay on device (the loop fetches them when it
   logs)."""
   step_rng = jax.random.fold_in(rng, state.step)
   grad_sums, metrics = loss_and_grads(state.params, batch, step_rng, model=model,
                                       label_smoothing=label_smoothing)
-  return apply_gradient_sums(state, grad_sums, metrics, schedule=schedule)
+  return apply_gradient_sums(state, grad_sums, metrics, schedule=schedule, one_vector=one_vector)
 
 
-def train_steps(state, batches, num_steps, rng, *, model, label_smoothing: float, schedule):
+def train_steps(state, batches, num_steps, rng, *, model, label_smoothing: float, schedule,
+                one_vector: bool = False):
   """Several optimizer updates in one call: `batches` stacks K batches of one shape
   ({"inputs": [K, B, L], "targets": [K, B, L]}), of which the first `num_steps` (a traced
   1..K, so one compiled program serves any count) are applied in order, each exactly as
@@ -88,7 +113,7 @@ def train_steps(state, batches, num_steps, rng, *, model, label_smoothing: float
   call reuses them (docs/PERFORMANCE.md). On accelerators it saves host dispatches, like
   TPUEstimator's iterations_per_loop."""
   step = functools.partial(train_step, model=model, label_smoothing=label_smoothing,
-                           schedule=schedule)
+                           schedule=schedule, one_vector=one_vector)
   first = jax.tree.map(lambda x: x[0], batches)
   _, metrics_shape = jax.eval_shape(step, state, first, rng)
 

@@ -130,6 +130,19 @@ def _part(instruction: Instruction, computations) -> str:
   return "unnamed (layout, padding)" if not text else "other"
 
 
+def _bytes_read(instruction: Instruction, computations, shapes) -> int:
+  """The bytes a kernel reads: each operand whole, except in an elementwise fusion, which reads
+  at most one element of each operand per element it writes (the one-vector optimizer's
+  fusions each update a slice of one vector of all parameters)."""
+  elementwise = _kind(instruction) == "elementwise"
+  written = sum(elements for elements, _ in array_sizes(instruction.shape))
+  total = 0
+  for operand in instruction.operands:
+    for elements, size in array_sizes(shapes[operand]):
+      total += min(size, written * size // elements) if elementwise and elements else size
+  return total
+
+
 def census(hlo_text: str) -> dict:
   """Kernels of the ENTRY computation (and, per iteration, of the bodies of its loops)."""
   computations = parse_module(hlo_text)
@@ -141,7 +154,7 @@ def census(hlo_text: str) -> dict:
                for i in computations.get(called, ()) if i.op == "dot")
 
   def visit(computation):
-    for instruction in computations[computation]:
+    for instruction in computations.get(computation, ()):
       if instruction.op in _BOOKKEEPING:
         continue
       if instruction.op in _HOST_ROUND_TRIPS:
@@ -153,7 +166,7 @@ def census(hlo_text: str) -> dict:
       kind = _kind(instruction)
       kernels.append(Kernel(
           instruction.name, kind, _part(instruction, computations),
-          bytes_read=sum(b for _, b in operand_sizes),
+          bytes_read=_bytes_read(instruction, computations, shapes),
           bytes_written=sum(b for _, b in array_sizes(instruction.shape)),
           flops=flops_of(instruction) if kind == "matmul" else 0.0,
           largest_operand=max((e for e, _ in operand_sizes), default=0)))
@@ -164,9 +177,11 @@ def census(hlo_text: str) -> dict:
 
 
 def full_vocabulary_passes(kernels: list[Kernel], logits_elements: int) -> list[Kernel]:
-  """Kernels other than matmuls that read an operand as large as the logits (rows x length x
-  vocabulary): the loss's passes over them."""
-  return [k for k in kernels if k.kind != "matmul" and k.largest_operand >= logits_elements]
+  """The loss's kernels that read an operand as large as the logits (rows x length x
+  vocabulary): its passes over them. (The matmuls that read the logits' gradient are not the
+  loss's, nor is a pad of that gradient to the matmul's tile, which XLA adds for row counts
+  off it.)"""
+  return [k for k in kernels if k.part == "loss" and k.largest_operand >= logits_elements]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,3 +222,33 @@ def table_by(kernels: list[Kernel], attribute: str) -> list[tuple[str, int, floa
     row[1] += (k.bytes_read + k.bytes_written) / 1e9
     row[2] += k.flops / 1e9
   return sorted(((key, *row) for key, row in rows.items()), key=lambda r: -r[1])
+
+
+def train_step_hlo(config, target_name: str, length: int) -> tuple[str, str, object]:
+  """The optimized HLO text of one training step (one batch per call) compiled for a target
+  without its devices, its batch shape ("ROWSxLENGTH"), and the compiled program (XLA's cost
+  analysis answers on a TPU). The batch is the config's bucket `length` at its token budget."""
+  import jax
+  import jax.numpy as jnp
+
+  from aiayn_flax import accelerator_targets, programs, sharding, train_step
+  from aiayn_flax.data import bucketing
+  target = accelerator_targets.target(target_name)
+  target_devices = accelerator_targets.topology_devices(target)
+  mesh = sharding.make_mesh(config.mesh, target_devices, config.dcn_mesh)
+  model = train_step.make_model(config, target_devices[0])
+  abstract_state = jax.eval_shape(lambda: train_step.create_train_state(config, model))
+  state_sharding = sharding.train_state_shardings(
+      mesh, abstract_state, train_step.logical_param_specs(model), config.fsdp)
+  step_fn = programs.training_programs(config, model, mesh, state_sharding).step_fn
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       abstract_state, state_sharding)
+  rows = bucketing.batch_size_for(length, bucketing.padded_budget(config.tokens_per_batch),
+                                  dict(mesh.shape)["data"])
+  batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32,
+                                     sharding=sharding.batch_sharding(mesh))
+           for key in ("inputs", "targets")}
+  rng = jax.eval_shape(lambda: train_step.dropout_key(0))
+  rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=sharding.replicated(mesh))
+  compiled = step_fn.lower(state, batch, rng).compile()
+  return compiled.as_text(), f"{rows}x{length}", compiled

@@ -1,0 +1,192 @@
+"""The GPU/TPU forms of the training step (issue 55): each equals the CPU's form on the CPU, the
+CPU's compiled step is still the CPU's form, and the step compiled for a GPU, deviceless, holds
+no more kernels than bench/gpu_census.py counted (docs/PERFORMANCE.md)."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from aiayn_flax import kernel_census, loss, optimizer
+
+
+@pytest.fixture
+def forms():
+  """Restores the modules' forms after a test forces one."""
+  yield
+  loss.FORM, optimizer.FORM = "auto", "auto"
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_one_pass_loss_equals_the_reductions_values_and_gradients(dtype):
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(6, 7, 301)) * 4, dtype)
+  targets = jnp.asarray(rng.integers(1, 301, (6, 7)), jnp.int32).at[:, 5:].set(0)
+  upstream = jnp.asarray(rng.normal(size=(2, 6, 7)), jnp.float32)  # both outputs' cotangents
+
+  def weighted(form, x):
+    smoothed, nll = form(x, targets, 0.1)
+    return jnp.sum(smoothed * upstream[0] + nll * upstream[1])
+
+  plain, fused = loss.smoothed_nll_by_reductions, loss.fused_smoothed_nll
+  for a, b in zip(plain(logits, targets, 0.1), fused(logits, targets, 0.1)):
+    np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-5)  # the sums' order differs
+  grad_plain = jax.grad(functools.partial(weighted, plain))(logits)
+  grad_fused = jax.grad(functools.partial(weighted, fused))(logits)
+  assert grad_fused.dtype == dtype
+  scale = float(jnp.max(jnp.abs(grad_plain.astype(jnp.float32))))
+  tolerance = 1e-5 if dtype == jnp.float32 else 1e-2  # bf16: one rounding of the gradient
+  np.testing.assert_allclose(np.asarray(grad_fused, np.float32), np.asarray(grad_plain, np.float32),
+                             atol=tolerance * scale)
+
+
+def test_the_one_pass_loss_of_an_infinite_logit_is_not_finite():
+  logits = jnp.zeros((1, 2, 5)).at[0, 0, 3].set(jnp.inf)
+  smoothed, _ = loss.fused_smoothed_nll(logits, jnp.array([[1, 2]]), 0.1)
+  assert not np.isfinite(smoothed[0, 0]) and np.isfinite(smoothed[0, 1])
+
+
+def _state_and_gradients():
+  from aiayn_flax import train_step
+  from configs import toy
+  config = toy.get_config()
+  config.model.update(vocab_size=64, d_model=32, d_ff=64, num_heads=2, num_layers=1)
+  model = train_step.make_model(config)
+  state = train_step.create_train_state(config, model)
+  rng = np.random.default_rng(3)
+  gradients = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype) * 5.0,
+                            state.params) for _ in range(3)]
+  leaf = jax.tree.leaves(gradients[1])[4]
+  gradients[1] = jax.tree.map(lambda g: g.at[(0,) * g.ndim].set(jnp.nan) if g is leaf else g,
+                              gradients[1])  # the second update is skipped
+  return config, state, gradients
+
+
+def _three_updates(config, state, gradients, form):
+  from aiayn_flax import train_step
+  optimizer.FORM = form
+  apply = jax.jit(functools.partial(train_step.apply_gradient_sums,
+                                    schedule=optimizer.learning_rate_schedule(config),
+                                    one_vector=True))
+  norms = []
+  for g in gradients:
+    state, metrics = apply(state, g, {"tokens": jnp.float32(7.0)})
+    norms.append(metrics["grad_norm"])
+  return state, norms
+
+
+def test_adam_on_one_vector_equals_adam_per_array_with_a_skipped_update(forms):
+  config, state, gradients = _state_and_gradients()
+  per_array, norms = _three_updates(config, state, gradients, "per_array")
+  one_vector, vector_norms = _three_updates(config, state, gradients, "one_vector")
+  assert int(per_array.opt_state.total_notfinite) == int(one_vector.opt_state.total_notfinite) == 1
+  assert int(one_vector.opt_state.inner_state[0].count) == 2  # Adam counted the applied two
+  assert jax.tree.structure(one_vector) == jax.tree.structure(per_array)  # same checkpoints
+  # The same elementwise arithmetic, which XLA compiles into other fusions (a division may
+  # become a multiplication by a reciprocal): equal within a few float32 ulps.
+  for a, b in zip(jax.tree.leaves((one_vector.params, one_vector.opt_state)),
+                  jax.tree.leaves((per_array.params, per_array.opt_state))):
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-12)
+  np.testing.assert_allclose(vector_norms[0], norms[0], rtol=1e-6)  # a sum in another order
+  assert not np.isfinite(vector_norms[1]) and not np.isfinite(norms[1])
+
+
+def test_a_sharded_state_keeps_adam_per_array():
+  from configs import toy
+  config = toy.get_config()
+  assert optimizer.state_is_whole_on_each_device(config)
+  config.mesh = "data:2,model:2"
+  assert not optimizer.state_is_whole_on_each_device(config)
+  config.mesh, config.fsdp = "data:-1", True
+  assert not optimizer.state_is_whole_on_each_device(config)
+
+
+def test_the_cpu_step_is_the_cpu_forms(forms):
+  """Nothing changed on the CPU: its compiled training step is the one with the forms forced
+  to the CPU's (the loss by reductions, Adam per array), instruction for instruction (names'
+  numbers aside)."""
+  import re
+
+  from aiayn_flax import train_step
+  config, state, _ = _state_and_gradients()
+  model = train_step.make_model(config)
+  batch = {k: np.full((4, 8), 5, np.int32) for k in ("inputs", "targets")}
+
+  def optimized_program(loss_form, optimizer_form):
+    loss.FORM, optimizer.FORM = loss_form, optimizer_form
+    step = jax.jit(functools.partial(train_step.train_step, model=model, label_smoothing=0.1,
+                                     schedule=optimizer.learning_rate_schedule(config),
+                                     one_vector=True))
+    text = step.lower(state, batch, train_step.dropout_key(0)).compile().as_text()
+    return [re.sub(r"\.\d+\b", "", line.split(", metadata=")[0]) for line in text.splitlines()
+            if " = " in line]
+
+  chosen = optimized_program("auto", "auto")
+  assert chosen == optimized_program("reductions", "per_array")
+  assert chosen != optimized_program("fused", "one_vector")
+
+
+@pytest.mark.slow
+def test_the_gpu_step_launches_at_most_the_censused_kernels():
+  """Compiled deviceless for one H100 (the `aot` extra), the quick start's step at 343 x 8:
+  794 kernels when bench/gpu_census.py was last run (1,049 before issue 55), 5% allowed for
+  another XLA; no loop or conditional (a round trip through the host); the loss reads the
+  logits twice (once forward, once for their gradient)."""
+  pytest.importorskip("jax_cuda12_plugin")
+  from configs import multi30k
+  config = multi30k.get_config()
+  config.steps_per_call = 1
+  text, shape, _ = kernel_census.train_step_hlo(config, "gpu-h100x1", 8)
+  assert shape == "343x8"
+  counted = kernel_census.census(text)
+  assert len(counted["kernels"]) <= 794 * 1.05
+  assert counted["while"] == counted["conditional"] == 0
+  passes = kernel_census.full_vocabulary_passes(counted["kernels"], 343 * 8 * 8000)
+  assert [k.kind for k in passes] == ["reduction", "elementwise"], passes
+
+
+def test_the_census_reads_kernels_bytes_and_flops_from_hlo_text():
+  text = """HloModule m
+
+%fused_dot (p0: bf16[4,8], p1: bf16[8,2]) -> bf16[4,2] {
+  %p0 = bf16[4,8]{1,0} parameter(0)
+  %p1 = bf16[8,2]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[4,2]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(f)/Transformer/ffn/dot_general"}
+}
+
+%fused_reduce (p0.1: f32[4,2]) -> f32[4] {
+  %p0.1 = f32[4,2]{1,0} parameter(0)
+  ROOT %r = f32[4]{0} reduce(%p0.1), dimensions={1}, metadata={op_name="jit(f)/loss/reduce_sum"}
+}
+
+%fused_slices (p0.2: f32[4]) -> (f32[1], f32[2]) {
+  %p0.2 = f32[4]{0} parameter(0)
+  %s1 = f32[1]{0} slice(%p0.2), slice={[0:1]}
+  %s2 = f32[2]{0} slice(%p0.2), slice={[1:3]}
+  ROOT %t2 = (f32[1]{0}, f32[2]{0}) tuple(%s1, %s2)
+}
+
+ENTRY %main (a: bf16[4,8], b: bf16[8,2]) -> (f32[4]) {
+  %a = bf16[4,8]{1,0} parameter(0)
+  %b = bf16[8,2]{1,0} parameter(1)
+  %gemm = bf16[4,2]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_dot
+  %bitcast.1 = f32[4,2]{1,0} bitcast(%gemm)
+  %sum = f32[4]{0} fusion(%bitcast.1), kind=kInput, calls=%fused_reduce
+  %slices = (f32[1]{0}, f32[2]{0}) fusion(%sum), kind=kLoop, calls=%fused_slices
+  %while.1 = f32[4]{0} while(%sum), condition=%c, body=%fused_reduce
+  ROOT %t = (f32[4]{0}) tuple(%sum)
+}
+"""
+  counted = kernel_census.census(text)
+  kernels = {k.name: k for k in counted["kernels"]}
+  assert counted["while"] == 1 and counted["conditional"] == 0
+  assert set(kernels) == {"gemm", "sum", "slices", "r"}  # a loop's body: its kernels, once
+  assert (kernels["slices"].bytes_read, kernels["slices"].bytes_written) == (12, 12)  # 3 of 4
+  assert kernels["gemm"].kind == "matmul" and kernels["gemm"].part == "feed-forward"
+  assert kernels["gemm"].flops == 2 * 4 * 2 * 8
+  assert (kernels["gemm"].bytes_read, kernels["gemm"].bytes_written) == (2 * 32 + 2 * 16, 2 * 8)
+  assert kernels["sum"].kind == "reduction" and kernels["sum"].part == "loss"
+  assert kernels["sum"].largest_operand == 8
+  assert [k.name for k in kernel_census.full_vocabulary_passes(counted["kernels"], 8)] == [
+      "sum", "r"]

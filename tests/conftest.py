@@ -9,7 +9,8 @@ had, the session stops at once with one line saying what to set. The reference E
 
 Markers (registered in pyproject.toml): a test that uses `toy_run` is marked `slow` here (it
 trains) and one that uses `shared_data` or `evalb_dir` is marked `needs_data`; tests that start
-a subprocess or train otherwise carry `@pytest.mark.slow` themselves.
+a Python process or train otherwise carry `@pytest.mark.slow` themselves (quick tools started
+from a test do not count: `make -n`, `sleep`, the EVALB binary, a shell script with a stand-in).
 """
 import contextlib
 import http.server

@@ -209,6 +209,7 @@ def test_whether_a_failed_start_may_have_others_to_tell_is_read_from_variables(e
   assert cluster.maybe_launched_with_others(environ) is maybe
 
 
+@pytest.mark.slow  # starts a Python process
 def test_importing_cluster_imports_no_jax():
   # A config typo stays one line: train.py asks maybe_launched_with_others before any jax
   # (whose start logs its own lines).

@@ -5,7 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from bench import device_check
+
+pytestmark = pytest.mark.slow  # starts bench/device_check.py, which trains
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

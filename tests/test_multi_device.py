@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each starts a Python process on 8 simulated devices
+
 
 def test_one_device_and_eight_devices_give_the_same_step():
   script = os.path.join(os.path.dirname(__file__), "multi_device_check.py")

@@ -41,6 +41,7 @@ def test_the_test_data_is_downloaded_once_into_the_cache_as_the_data_folder_lays
   assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow  # starts Python processes
 def test_the_command_fetches_a_group_and_prints_the_folder_that_holds_it(
     shared_data, evalb_dir, cache, tmp_path, monkeypatch):
   monkeypatch.delenv("AIAYN_DATA_DIR", raising=False)
@@ -61,6 +62,7 @@ def test_the_command_fetches_a_group_and_prints_the_folder_that_holds_it(
     assert sha256(cache / file.path) == sha256(shared_data / file.path) == file.sha256
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_command_stops_in_one_line_when_a_download_fails(cache, monkeypatch):
   monkeypatch.delenv("AIAYN_DATA_DIR", raising=False)
   result = run_script("-m", "aiayn_flax.public_data", "silver_text",
@@ -88,6 +90,7 @@ def test_a_file_whose_sha256_is_not_the_expected_one_is_refused_naming_it(
   assert not (cache / "wmt14" / "newstest2014.de").exists()
 
 
+@pytest.mark.slow  # compiles EVALB
 def test_evalb_is_fetched_and_compiled_into_the_cache(shared_data, evalb_dir, cache, tmp_path,
                                                       monkeypatch):
   with public_mirror(shared_data, evalb_dir, tmp_path / "mirror") as (base_url, requested):

@@ -61,6 +61,7 @@ def uninterrupted(tmp_path_factory):
   return finish(start_training(tmp_path_factory.mktemp("uninterrupted")))
 
 
+@pytest.mark.slow  # starts train.py
 def test_same_config_and_seed_give_identical_parameters_with_or_without_prefetching(
     uninterrupted, tmp_path):
   assert toy.get_config().prefetch_batches > 0  # the uninterrupted run prefetched
@@ -124,6 +125,7 @@ def test_half_written_newest_checkpoint_is_ignored(tmp_path):
       config, str(tmp_path / "uninterrupted"))["params_digest"]
 
 
+@pytest.mark.slow  # trains
 def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_checkpoint(
     tmp_path, monkeypatch):
   config = toy.get_config()
@@ -149,6 +151,7 @@ def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_ch
     np.testing.assert_array_equal(a, b)  # the skipped updates changed nothing, and saved no NaN
 
 
+@pytest.mark.slow  # trains
 def test_resuming_with_a_different_model_is_refused_with_the_field_named_and_data_dir_is_not(
     tmp_path):
   config = toy.get_config()
@@ -164,6 +167,7 @@ def test_resuming_with_a_different_model_is_refused_with_the_field_named_and_dat
   assert trainer.train_and_evaluate(config, str(tmp_path))["step"] == 10
 
 
+@pytest.mark.slow  # trains, then starts train.py
 def test_resuming_on_another_number_of_data_shards_is_refused_naming_both(tmp_path):
   config = toy.get_config()
   config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 5, 1000

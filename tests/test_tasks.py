@@ -136,6 +136,7 @@ def test_token_cache_is_rebuilt_when_tree_leaves_change(shared_data, tmp_path):
   assert len(keys) == 2
 
 
+@pytest.mark.slow  # starts train.py
 def test_the_old_name_of_the_evaluation_size_stops_a_run_naming_the_new_one(tmp_path):
   from configs import toy
   config = toy.get_config()

@@ -27,6 +27,7 @@ def uninterrupted_40(tmp_path_factory):
   return trainer.train_and_evaluate(toy_config(40), str(tmp_path_factory.mktemp("straight")))
 
 
+@pytest.mark.slow  # trains
 def test_training_falls_back_to_the_newest_readable_checkpoint_and_resumes_exactly(
     uninterrupted_40, tmp_path, caplog):
   workdir = str(tmp_path)
@@ -43,6 +44,7 @@ def test_training_falls_back_to_the_newest_readable_checkpoint_and_resumes_exact
   assert checkpoints.last_steps(workdir, 10)[-3:] == [20, 30, 40]
 
 
+@pytest.mark.slow  # trains
 def test_evaluation_averages_the_newest_readable_checkpoints(uninterrupted_40, tmp_path,
                                                             caplog):
   workdir = str(tmp_path)

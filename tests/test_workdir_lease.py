@@ -229,6 +229,41 @@ def checkpoint_steps(workdir) -> set[int]:
           if re.match(r"\d+", p.name)} if folder.exists() else set()
 
 
+# Put on a trainer's PYTHONPATH as sitecustomize.py: the process stops itself (SIGSTOP) right
+# after logging the line that STOP_AFTER_LOG_LINE matches. The pause falls at a known step, how
+# fast or slow the steps are, and the process stays there until the test sends SIGCONT.
+STOP_AFTER_LOG_LINE = textwrap.dedent("""
+    import logging, os, re, signal
+    _call_handlers = logging.Logger.callHandlers
+    def call_handlers(self, record):
+      _call_handlers(self, record)
+      if re.match(os.environ["STOP_AFTER_LOG_LINE"], record.getMessage()):
+        os.kill(os.getpid(), signal.SIGSTOP)
+    logging.Logger.callHandlers = call_handlers
+""")
+
+
+def stopping_after_log_line(tmp_path, pattern: str, env: dict) -> dict:
+  """env for a process that stops itself after logging a line matching pattern."""
+  folder = tmp_path / "stop_after_log_line"
+  folder.mkdir(exist_ok=True)
+  (folder / "sitecustomize.py").write_text(STOP_AFTER_LOG_LINE)
+  return env | {"STOP_AFTER_LOG_LINE": pattern, "PYTHONPATH": os.pathsep.join(
+      filter(None, [str(folder), env.get("PYTHONPATH", "")]))}
+
+
+def wait_until_stopped(process, timeout: float = 300) -> None:
+  """Returns once process is stopped (state T in /proc); fails if it ends or times out."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    with open(f"/proc/{process.pid}/stat") as f:
+      if f.read().rsplit(")", 1)[1].split()[0] == "T":
+        return
+    assert process.poll() is None, f"ended with status {process.returncode} before stopping"
+    time.sleep(0.05)
+  raise AssertionError(f"pid {process.pid} not stopped after {timeout} s")
+
+
 @pytest.mark.slow
 def test_a_trainer_whose_lease_another_run_took_over_stops_saving_nothing_more(tmp_path):
   """A trainer paused (SIGSTOP: a VM stopped, a process swapped out) long enough for another
@@ -239,13 +274,14 @@ def test_a_trainer_whose_lease_another_run_took_over_stops_saving_nothing_more(t
   trainer = subprocess.Popen(
       [sys.executable, "train.py", f"--workdir={workdir}", *TOY,
        "--config.num_train_steps=100000", "--config.log_every_steps=5",
-       "--config.checkpoint_every_steps=50"], cwd=REPO, env=environment(),
+       "--config.checkpoint_every_steps=50"], cwd=REPO,
+      env=stopping_after_log_line(tmp_path, r"step 55/", environment()),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:
-    # Paused between checkpoints: that of step 50 is written (saves are synchronous here),
-    # the next one, 45 steps on, is not begun.
+    # Paused between checkpoints, by itself, at step 55: that of step 50 is written (saves are
+    # synchronous here), the next one, at step 100, is not begun.
     wait_for_line(trainer, r"step 55/")
-    trainer.send_signal(signal.SIGSTOP)
+    wait_until_stopped(trainer)
     path = workdir / workdir_lease.LEASE_FILENAME
     other = json.loads(path.read_text()) | {
         "host": "another-host", "pid": 1, "run": "the run that took it over",
@@ -285,14 +321,17 @@ def test_two_hosts_whose_lease_another_run_took_over_both_stop_saving_nothing_mo
     for env in hosts:
       os.makedirs(env["HOME"])
       os.makedirs(env["TMPDIR"])
-    first = subprocess.Popen(args, cwd=REPO, env=hosts[0], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    # Process 0 stops itself at step 55 (as in the test above); process 1, which cannot pass
+    # it (every step is a collective of both), is stopped by the test.
+    first = subprocess.Popen(args, cwd=REPO,
+                             env=stopping_after_log_line(tmp_path, r"step 55/", hosts[0]),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     second = subprocess.Popen(args, cwd=REPO, env=hosts[1], stdout=second_output,
                               stderr=subprocess.STDOUT, text=True)  # a file: it cannot fill
     try:
       wait_for_line(first, r"step 55/")
-      for process in (first, second):
-        process.send_signal(signal.SIGSTOP)
+      wait_until_stopped(first)
+      second.send_signal(signal.SIGSTOP)
       path = workdir / workdir_lease.LEASE_FILENAME
       path.write_text(json.dumps(json.loads(path.read_text()) | {
           "host": "another-host", "pid": 1, "run": "the run that took it over",

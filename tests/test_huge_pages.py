@@ -89,6 +89,21 @@ def test_hugetlb_tunable_is_the_last_value_glibc_tunables_gives():
   assert huge_pages.hugetlb_tunable("glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0") == "0"
 
 
+@pytest.mark.parametrize("environ, mode, libc, expected", [
+    ({}, "madvise", (2, 36), True),
+    ({}, "madvise", (2, 34), False),  # glibc without the tunable
+    ({}, "always", (2, 36), False),  # huge pages without asking
+    ({}, "never", (2, 36), False),
+    ({}, "", (), False),  # not Linux with glibc
+    ({"AIAYN_HUGE_PAGES": "0"}, "madvise", (2, 36), False),
+    (SET, "madvise", (2, 36), False),  # set already
+    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "madvise", (2, 36), True),
+])
+def test_the_benches_restart_only_where_the_setting_would_take(environ, mode, libc, expected):
+  """bench/'s scripts still restart themselves (restart_with_huge_pages); no entry point does."""
+  assert huge_pages.restart_needed(environ, mode, libc) is expected
+
+
 # --- Processes: how malloc is really served here, and the entry points as users start them.
 
 def environment(**extra) -> dict:

@@ -12,7 +12,9 @@ Exit status: 0 when training reached num_train_steps; 128 + the signal's number 
 (143) or SIGINT (130) stopped it after saving a checkpoint at the current step (run the same
 command to continue: schedulers can requeue on 143 as on a preemption); 1 with one line on
 stderr for bad input, a training that diverged, or a workdir that another run took over
-while this one trained (it then saves nothing more).
+while this one trained (it then saves nothing more), or a write that failed (a full disk, a
+read-only workdir: the line names the path, the cause, the newest intact checkpoint and what
+to do; the libraries' tracebacks are in the debug log, which -v 1 shows).
 """
 import os
 import re
@@ -51,6 +53,10 @@ def main(argv):
       compiled_dry_run(config, FLAGS.target)
     else:
       print(dry_run.plan_text(config))
+    checkpoints_line, fits = trainer.planned_checkpoints_line(config, FLAGS.workdir)
+    if not fits:  # the kept checkpoints' bytes against the workdir's free space
+      sys.exit(f"train.py: error: {checkpoints_line}")
+    print(checkpoints_line)
     return
   if FLAGS.prepare_data:
     from aiayn_flax import tasks

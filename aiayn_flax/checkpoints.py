@@ -6,6 +6,7 @@ another step than its peers, and only process 0 moves the unreadable ones aside.
 import contextlib
 import functools
 import os
+import shutil
 import time
 
 import jax
@@ -38,10 +39,13 @@ def checkpoint_dir(workdir: str) -> epath.Path:
 def manager(workdir: str, keep: int | None = None, read_only: bool = False,
             asynchronous: bool = True) -> ocp.CheckpointManager:
   """A CheckpointManager over workdir/checkpoints. Saves are asynchronous and atomic: orbax
-  writes into a temporary directory and renames it when complete, so a killed writer never
-  leaves a checkpoint that looks finished."""
+  writes into a temporary directory and renames it when complete, so a killed writer (or one
+  whose disk filled up) never leaves a checkpoint that looks finished. A manager that writes
+  removes the temporary directories an earlier run left (orbax's cleanup_tmp_directories, on
+  process 0): a failed save's space comes back at the next start."""
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                         read_only=read_only, enable_async_checkpointing=asynchronous)
+                                         read_only=read_only, enable_async_checkpointing=asynchronous,
+                                         cleanup_tmp_directories=not read_only)
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
                                item_names=("state", "meta"))
 
@@ -50,6 +54,113 @@ def save(mngr: ocp.CheckpointManager, step: int, state, meta: dict) -> None:
   """`state`: any pytree of arrays (train state); `meta`: JSON (data position, config)."""
   mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                            meta=ocp.args.JsonSave(meta)))
+
+
+def finished_steps(workdir: str) -> list[int]:
+  """The steps of the finished checkpoints in workdir/checkpoints, read from its listing alone
+  (no orbax manager, no other process: safe while a write is failing on this host only); []
+  when there is none or the folder cannot be listed. On Cloud Storage, where a folder is no
+  rename, a finished step is one with orbax's commit_success.txt."""
+  try:
+    entries = list(checkpoint_dir(workdir).iterdir())
+  except OSError:
+    return []
+  return sorted(int(p.name) for p in entries if p.name.isdigit() and (
+      not paths.is_url(p) or (p / "commit_success.txt").exists()))
+
+
+def intact_text(workdir: str) -> str:
+  """What a failed write leaves intact, for its one line."""
+  steps = finished_steps(workdir)
+  if not steps:
+    return f"no checkpoint was saved in {checkpoint_dir(workdir)} yet"
+  return (f"the newest intact checkpoint is step {steps[-1]} in {checkpoint_dir(workdir)} "
+          f"(the same command resumes from it)")
+
+
+def unfinished_step(workdir: str) -> int | None:
+  """The step of a save begun and not finished (orbax's STEP.orbax-checkpoint-tmp* folder),
+  the newest where there are several; None where there is none."""
+  try:
+    names = [p.name for p in checkpoint_dir(workdir).iterdir()]
+  except OSError:
+    return None
+  steps = [int(name.split(".")[0]) for name in names
+           if ".orbax-checkpoint-tmp" in name and name.split(".")[0].isdigit()]
+  return max(steps, default=None)
+
+
+def remove_unfinished(workdir: str) -> None:
+  """Removes the temporary folders of saves that failed (orbax's NAME.orbax-checkpoint-tmp*),
+  on process 0: they hold no finished checkpoint, and the space they take may be what the
+  next save needs. The next run's manager would remove them too (cleanup_tmp_directories)."""
+  if jax.process_index() != 0 or paths.is_url(workdir):
+    return
+  try:
+    for path in checkpoint_dir(workdir).iterdir():
+      if ".orbax-checkpoint-tmp" in path.name:
+        shutil.rmtree(path, ignore_errors=True)
+        logging.warning("removed %s, the unfinished save", path)
+  except FileNotFoundError:
+    pass  # no checkpoint folder yet
+  except OSError as e:
+    logging.warning("could not remove the unfinished saves in %s: %s", checkpoint_dir(workdir), e)
+
+
+def checkpoint_bytes(workdir: str, abstract_state) -> int:
+  """One checkpoint's size: the newest finished one's on disk, or the train state's bytes
+  where there is none yet (orbax stores the arrays uncompressed)."""
+  steps = finished_steps(workdir)
+  if steps and not paths.is_url(workdir):
+    on_disk = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(
+        os.fspath(checkpoint_dir(workdir) / str(steps[-1]))) for name in names)
+    if on_disk:
+      return on_disk
+  return state_bytes(abstract_state)
+
+
+def state_bytes(abstract_state) -> int:
+  return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(abstract_state))
+
+
+def free_bytes(workdir: str) -> int | None:
+  """Free bytes on the workdir's filesystem (of its nearest existing parent); None on Cloud
+  Storage, which has no such figure."""
+  if paths.is_url(workdir):
+    return None
+  path = os.fspath(paths.workdir_path(workdir))
+  while not os.path.exists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return shutil.disk_usage(path).free
+
+
+def room_needed(workdir: str, one_checkpoint: int, keep: int) -> int:
+  """Bytes the run's checkpoints still need on top of those stored: `keep` of them, and one
+  more while a save is written before the oldest is deleted (orbax's order)."""
+  return max(1, keep + 1 - len(finished_steps(workdir))) * one_checkpoint
+
+
+def room_line(workdir: str, one_checkpoint: int, keep: int) -> tuple[str, bool]:
+  """(one line on the checkpoints' room, whether they fit), e.g. 'checkpoints: 5 kept x 0.78
+  GB = 3.9 GB (+1 while one is written); /runs has 120.3 GB free: fits'."""
+  free = free_bytes(workdir)
+  text = (f"checkpoints: {keep} kept x {_size(one_checkpoint)} = {_size(keep * one_checkpoint)}"
+          f" (+{_size(one_checkpoint)} while one is written)")
+  if free is None:
+    return f"{text}; {workdir} is on Cloud Storage (no free-space figure)", True
+  needed = room_needed(workdir, one_checkpoint, keep)
+  fits = free >= needed
+  where = paths.workdir_path(workdir)
+  return (f"{text}; {where} has {_size(free)} free, {_size(needed)} still needed: "
+          + ("fits" if fits else "does not fit: free space there, lower "
+             "--config.keep_checkpoints, or choose another --workdir")), fits
+
+
+def _size(n: int) -> str:
+  for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    if n >= scale:
+      return f"{n / scale:.3g} {unit}"
+  return f"{n} B"
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):

@@ -44,9 +44,16 @@ def check_config(config) -> None:
     if name in config:
       raise ValueError(renamed_field_message(name))
   for key in ("num_train_steps", "tokens_per_batch", "warmup_steps", "log_every_steps",
-              "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints",
+              "eval_every_steps", "keep_checkpoints",
               "average_last_checkpoints", "beam_size", "decode_batch_size", "steps_per_call"):
     _check(config[key] >= 1, key, config[key], "must be a positive integer")
+  _check(config.checkpoint_every_steps >= 0, "checkpoint_every_steps",
+         config.checkpoint_every_steps, "must be 0 (not by steps) or positive")
+  minutes = config.get("checkpoint_every_minutes", 0)
+  _check(minutes >= 0 and (minutes > 0 or config.checkpoint_every_steps > 0),
+         "checkpoint_every_minutes", minutes,
+         "must be >= 0, and positive where checkpoint_every_steps is 0 (else no checkpoint "
+         "would be saved before the last step)")
   _check(config.prefetch_batches >= 0, "prefetch_batches", config.prefetch_batches,
          "must be 0 (no prefetching) or positive")
   _check(config.micro_batch_tokens_per_device >= 0, "micro_batch_tokens_per_device",

@@ -13,6 +13,11 @@ loop advancing K steps at a time can jump over.
 The same agreement stops a run whose workdir lease another run has taken over (process 0
 holds the lease: workdir_lease.py): it contributes LEASE_LOST_CODE, above every signal, and
 every process stops with LEASE_LOST, saving nothing.
+
+And it decides when a checkpoint by time is due (config.checkpoint_every_minutes): each
+process's clock may differ, and all must save after the same step, so a second value rides
+along, 1 where a process finds one due; after the reduction `checkpoint_due` says whether any
+process did.
 """
 import os
 import signal
@@ -65,18 +70,23 @@ class StopAgreement:
   `wait`: block until each reduction is done (simulated CPU devices can deadlock on
   collectives dispatched ahead, see the trainer's wait_each_step). `lease_lost`: the
   threading.Event of this process's workdir lease (workdir_lease.Lease.lost; None on the
-  processes that hold none)."""
+  processes that hold none). `checkpoint_due`: a function saying whether this process finds a
+  checkpoint by time due; after each `poll`, the attribute `checkpoint_due` says whether the
+  processes agreed that one is (always False without the function)."""
 
-  def __init__(self, signals: StopSignals, wait: bool = False, lease_lost=None):
+  def __init__(self, signals: StopSignals, wait: bool = False, lease_lost=None,
+               checkpoint_due=None):
     self.signals, self._wait, self._pending = signals, wait, None
     self._lease_lost = lease_lost
+    self._due, self.checkpoint_due = checkpoint_due, False
     self._test_signal = _test_signal()
     if jax.process_count() > 1:
       by_process = [[d for d in jax.devices() if d.process_index == p]
                     for p in range(jax.process_count())]
       mesh = Mesh(np.array(by_process), ("processes", "local"))
       self._caught = NamedSharding(mesh, P("processes"))
-      self._strongest = jax.jit(jnp.max, out_shardings=NamedSharding(mesh, P()))
+      self._strongest = jax.jit(lambda caught: jnp.max(caught, axis=0),
+                                out_shardings=NamedSharding(mesh, P()))
 
   def poll(self, step: int) -> str | None:
     if self._test_signal and step >= self._test_signal[1]:
@@ -86,12 +96,17 @@ class StopAgreement:
       self._test_signal = None
     lost = self._lease_lost is not None and self._lease_lost.is_set()
     if jax.process_count() == 1:
+      self.checkpoint_due = bool(self._due and self._due())
       return LEASE_LOST if lost else self.signals.requested
-    agreed = int(self._pending) if self._pending is not None else 0
+    agreed, agreed_due = ((int(v) for v in np.asarray(self._pending))
+                          if self._pending is not None else (0, 0))
+    self.checkpoint_due = bool(agreed_due)
+    # Not while the agreed checkpoint is yet to be saved (after this poll): it resets the clock.
+    due = not self.checkpoint_due and bool(self._due and self._due())
     caught = signal.Signals[self.signals.requested].value if self.signals.requested else 0
     caught = LEASE_LOST_CODE if lost else caught
     self._pending = self._strongest(jax.make_array_from_process_local_data(
-        self._caught, np.array([caught], np.int32), (jax.process_count(),)))
+        self._caught, np.array([[caught, due]], np.int32), (jax.process_count(), 2)))
     if self._wait:
       jax.block_until_ready(self._pending)
     if agreed == LEASE_LOST_CODE:

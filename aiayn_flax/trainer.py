@@ -12,7 +12,8 @@ from clu import metric_writers
 from etils import epath
 
 from aiayn_flax import (checkpoints, config_checks, host_agreement, paths, process_zero,
-                        provenance, sharding, stops, tasks, train_step, workdir_lease)
+                        provenance, sharding, stops, storage_errors, tasks, train_step,
+                        workdir_lease)
 from aiayn_flax.data import bucketing, pipeline, prefetch
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
@@ -21,6 +22,7 @@ from aiayn_flax.translator import Translator
 # model, nor the optimizer, nor the batches it sees.
 SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "name", "num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
+    "checkpoint_every_minutes",
     "keep_checkpoints", "eval_decode_sentences", "beam_size", "length_penalty_alpha",
     "decode_extra_length", "decode_batch_size", "decode_constrained", "average_last_checkpoints",
     "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
@@ -39,6 +41,10 @@ REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer",
 
 class NonFiniteTrainingError(RuntimeError):
   pass
+
+
+# The trainer's clock for checkpoints by time (config.checkpoint_every_minutes); tests replace it.
+clock = time.monotonic
 
 
 def config_dict(config) -> dict:
@@ -152,7 +158,7 @@ def steps_to_next_event(step: int, config) -> int:
   return min([config.num_train_steps - step]
              + [every - step % every for every in (config.log_every_steps,
                                                    config.checkpoint_every_steps,
-                                                   config.eval_every_steps)])
+                                                   config.eval_every_steps) if every])
 
 
 def evaluate_loss(eval_fn, params, batches, input_rows) -> dict:
@@ -237,8 +243,41 @@ def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shard
 
 def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict:
   """Trains `config` in `workdir`, resuming from its latest checkpoint. Returns final metrics,
-  with the final parameters' digest. Refuses a workdir that a live run holds."""
+  with the final parameters' digest. Refuses a workdir that a live run holds.
+
+  A write that fails for a reason of storage (a full disk, a read-only or vanished workdir, a
+  bucket that refuses it: the lease, the vocabulary, a checkpoint) stops the run with
+  storage_errors.WriteFailed, one line naming the path, the cause, the newest intact
+  checkpoint and what to do; the libraries' tracebacks go to the debug log (-v 1)."""
   config_checks.check_config(config)
+  with storage_errors.library_tracebacks_to_debug_log():
+    opened = []  # the run's checkpoint manager, once there is one
+    try:
+      return _held_and_checked(config, workdir, force_resume, opened)
+    except Exception as e:
+      if storage_errors.cause(e):  # orbax's threads end here, their errors off the terminal
+        for mngr in opened:
+          _close_quietly(mngr)
+      unfinished = checkpoints.unfinished_step(workdir)  # a save that failed mid-way
+      failure = storage_errors.write_failure(
+          e, checkpoints.checkpoint_dir(workdir) / str(unfinished) if unfinished is not None
+          else checkpoints.checkpoint_dir(workdir), checkpoints.intact_text(workdir),
+          name_where=unfinished is not None)
+      if failure is None or isinstance(e, (process_zero.ProcessZeroFailed,
+                                           host_agreement.AnotherHostFailed)):
+        raise  # (another process's failure is one line already: it names that process)
+      checkpoints.remove_unfinished(workdir)
+      raise failure from e
+
+
+def _close_quietly(mngr) -> None:
+  try:
+    mngr.close()
+  except Exception as e:  # noqa: BLE001 - the run is stopping on an error raised already
+    logging.debug("closing the checkpoint manager after the error: %s", e)
+
+
+def _held_and_checked(config, workdir: str, force_resume: bool, opened: list) -> dict:
   with workdir_lease.held(workdir) as lease:  # one run per workdir (process 0 holds it)
     # Before any host reads data: the hosts must share the workdir (the vocabulary, the token
     # cache and the checkpoints are there), which they do if all see process 0's lease.
@@ -250,11 +289,11 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
         "config": config_dict(config)}, {
         "view of the workdir's run.lease": f"{workdir} must be one folder that every host of "
         "the run sees (gs://BUCKET/..., or a filesystem all hosts mount), not a local disk"})
-    return _train_and_evaluate(config, workdir, force_resume, lease)
+    return _train_and_evaluate(config, workdir, force_resume, lease, opened)
 
 
 def _train_and_evaluate(config, workdir: str, force_resume: bool,
-                        lease: workdir_lease.Lease | None) -> dict:
+                        lease: workdir_lease.Lease | None, opened: list) -> dict:
   workdir = str(paths.workdir_path(workdir))  # a local folder or gs://bucket/run
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh, dcn_spec=config.dcn_mesh)
@@ -290,17 +329,20 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
                target_tokens, micro_config.tokens_per_batch, 100 * padding)
 
   model = train_step.make_model(config)
-  mngr = checkpoints.manager(workdir, keep=max(config.keep_checkpoints,
-                                               config.average_last_checkpoints),
-                             asynchronous=config.checkpoint_asynchronously)
+  keep = max(config.keep_checkpoints, config.average_last_checkpoints)
+  checkpoints.remove_unfinished(workdir)  # a failed save's folder: its space is needed now
+  mngr = checkpoints.manager(workdir, keep=keep, asynchronous=config.checkpoint_asynchronously)
+  opened.append(mngr)
   batch_plan = [train_batches.plan_digest(), eval_batches.plan_digest()]
   host_agreement.check({  # or every host stops, naming the first difference
       "vocabulary": host_agreement.file_digest(getattr(vocab, "model_path", None)),
       "batch plan": batch_plan,
       "checkpoint steps": sorted(mngr.all_steps())})
   new_state = lambda: train_step.create_train_state(config, model)  # noqa: E731
+  abstract_state = jax.eval_shape(new_state)
+  one_checkpoint = check_room(workdir, abstract_state, keep)
   state_sharding = sharding.train_state_shardings(
-      mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model), config.fsdp)
+      mesh, abstract_state, train_step.logical_param_specs(model), config.fsdp)
   state = jax.jit(new_state, out_shardings=state_sharding)()
   state, position = restore_or_init(config, workdir, mngr, state, force_resume, data_shards,
                                     batch_plan)
@@ -321,7 +363,7 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
   # Simulated CPU devices can deadlock on collectives dispatched far ahead; wait for each step.
   wait_each_step = jax.default_backend() == "cpu" and jax.device_count() > 1
 
-  writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
+  writer = CacheOnlyWriter(workdir, just_logging=jax.process_index() > 0)
   if jax.process_index() == 0:
     writer.write_hparams({"config": config.to_json_best_effort(sort_keys=True)})
     logging.info("TensorBoard: tensorboard --logdir %s", workdir)
@@ -338,17 +380,29 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
     except Exception:
       mngr.wait_until_finished()  # a checkpoint begun while this run held the workdir
       raise
+    # Every host stops here, in one line, when one cannot write its part: not inside orbax,
+    # where the others would wait for it at a barrier.
+    why_not = cannot_save(workdir, one_checkpoint, step)
+    host_agreement.stop_if_any_failed(f"the checkpoint of step {step}", why_not)
+    if why_not:
+      mngr.wait_until_finished()  # the checkpoint before, if it is still being written
+      raise storage_errors.WriteFailed(why_not)
     checkpoints.save(mngr, step, state, {"position": position.__dict__} | run_meta)
+    nonlocal last_save
+    last_save = clock()
 
   step = start_step = int(state.step)
+  last_save = clock()
+  by_minutes = config.get("checkpoint_every_minutes", 0) * 60
   progress = Progress(step, config.num_train_steps, rows_split=input_rows.host_local)
   sums, summary = None, {}
   stopped_by = None
   with stops.StopSignals() as signals, contextlib.closing(prefetch.prefetched(
       train_batches.iterate(position, rows_of=input_rows.rows_of),
       config.prefetch_batches)) as batches:
-    stop_agreement = stops.StopAgreement(signals, wait=wait_each_step,
-                                         lease_lost=lease.lost if lease else None)
+    stop_agreement = stops.StopAgreement(
+        signals, wait=wait_each_step, lease_lost=lease.lost if lease else None,
+        checkpoint_due=(lambda: clock() - last_save >= by_minutes) if by_minutes else None)
     runs = RunsOfOneShape(batches)
     while step < config.num_train_steps:
       if steps_per_call > 1:  # up to steps_per_call steps of one shape, stopping at events
@@ -395,7 +449,8 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
       if stopped_by == stops.LEASE_LOST:  # another run owns the workdir now: save nothing
         mngr.wait_until_finished()  # a checkpoint begun while this run held it
         raise workdir_lease.lost_error(lease)
-      if step % config.checkpoint_every_steps == 0 or last or stopped_by:
+      by_steps = config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0
+      if by_steps or stop_agreement.checkpoint_due or last or stopped_by:
         save(step)
       if stopped_by:
         mngr.wait_until_finished()
@@ -419,6 +474,105 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
   writer.flush()
   return summary | {"start_step": start_step, "step": step, "stopped_by": stopped_by,
                     "params_digest": params_digest(state.params)}
+
+
+def planned_checkpoints_line(config, workdir: str | None) -> tuple[str, bool]:
+  """(the dry run's line on checkpoints: how often, how many kept, their bytes, and with a
+  workdir whether they fit in its free space; whether they fit)."""
+  model = train_step.make_model(config)
+  abstract = jax.eval_shape(lambda: train_step.create_train_state(config, model))
+  keep = max(config.keep_checkpoints, config.average_last_checkpoints)
+  minutes, steps = config.get("checkpoint_every_minutes", 0), config.checkpoint_every_steps
+  every = " and ".join(([f"{minutes:g} minutes"] if minutes else [])
+                       + ([f"{steps} steps"] if steps else []))
+  if not workdir:
+    one = checkpoints.state_bytes(abstract)
+    return (f"checkpoints every {every}: {keep} kept x {checkpoints._size(one)} = "
+            f"{checkpoints._size(keep * one)} (+{checkpoints._size(one)} while one is written); "
+            "add --workdir=DIR to check its free space"), True
+  line, fits = checkpoints.room_line(workdir, checkpoints.checkpoint_bytes(workdir, abstract),
+                                     keep)
+  return line.replace("checkpoints:", f"checkpoints every {every}:", 1), fits
+
+
+def check_room(workdir: str, abstract_state, keep: int) -> int:
+  """One checkpoint's bytes, after saying in one line (the log) whether the checkpoints kept
+  fit in the workdir's free space: a warning when they do not, WriteFailed when not even the
+  next one does (rather than after hours of training)."""
+  one_checkpoint = checkpoints.checkpoint_bytes(workdir, abstract_state)
+  why_not = None
+  if jax.process_index() == 0:  # (every host sees the workdir: the lease showed it)
+    line, fits = checkpoints.room_line(workdir, one_checkpoint, keep)
+    (logging.info if fits else logging.warning)("%s", line)
+    free = checkpoints.free_bytes(workdir)
+    if free is not None and free < one_checkpoint:
+      why_not = storage_errors.one_line(
+          checkpoints.checkpoint_dir(workdir),
+          (f"the disk is too full for one checkpoint ({checkpoints._size(free)} free, "
+           f"{checkpoints._size(one_checkpoint)} needed)", "free space there"),
+          checkpoints.intact_text(workdir))
+  host_agreement.stop_if_any_failed("the workdir's free space", why_not)
+  if why_not:
+    raise storage_errors.WriteFailed(why_not)
+  return one_checkpoint
+
+
+def cannot_save(workdir: str, one_checkpoint: int, step: int) -> str | None:
+  """Why this process cannot write its part of a checkpoint now (one line), or None: its
+  share of the bytes does not fit in the free space, or a small file cannot be written in the
+  checkpoint folder (read-only, no permission, vanished)."""
+  free = checkpoints.free_bytes(workdir)
+  share = one_checkpoint // jax.process_count()
+  intact = checkpoints.intact_text(workdir)
+  if free is not None and free < share:
+    return storage_errors.one_line(
+        checkpoints.checkpoint_dir(workdir) / str(step),
+        (f"the disk is full ({checkpoints._size(free)} free where the checkpoint of step "
+         f"{step} needs {checkpoints._size(share)})", "free space there (or lower "
+         "--config.keep_checkpoints)"), intact)
+  probe = checkpoints.checkpoint_dir(workdir) / f".write_check.{jax.process_index()}"
+  try:
+    probe.write_bytes(b"a checkpoint is about to be written here\n")
+    probe.unlink()
+  except OSError as e:
+    failure = storage_errors.write_failure(e, probe, intact)
+    if failure is None:
+      raise
+    return str(failure)
+  return None
+
+
+class CacheOnlyWriter:
+  """clu's default writer (TensorBoard event files in the workdir, and the log), whose event
+  files are only a copy of what the log says: a write to them that fails (a full disk) warns
+  once and the run goes on, writing the log alone."""
+
+  def __init__(self, workdir: str, just_logging: bool):
+    self.workdir = workdir
+    self._writer = metric_writers.create_default_writer(workdir, just_logging=just_logging)
+
+  def _call(self, name: str, *args):
+    try:
+      getattr(self._writer, name)(*args)
+    except Exception as e:  # noqa: BLE001 - TensorFlow raises its own error classes
+      reason = storage_errors.cause(e)
+      if reason is None:
+        raise
+      logging.warning("%s: cannot write TensorBoard's event file: %s; the metrics go on in the "
+                      "log alone (%s, then restart to have them in TensorBoard again)",
+                      self.workdir, reason[0], reason[1])
+      self._writer = metric_writers.LoggingWriter()
+      if name != "flush":
+        getattr(self._writer, name)(*args)
+
+  def write_hparams(self, hparams):
+    self._call("write_hparams", hparams)
+
+  def write_scalars(self, step, scalars):
+    self._call("write_scalars", step, scalars)
+
+  def flush(self):
+    self._call("flush")
 
 
 def log_train_metrics(writer, step, config, sums, progress, state) -> dict:

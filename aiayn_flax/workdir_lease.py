@@ -46,7 +46,7 @@ import uuid
 from absl import logging
 from etils import epath
 
-from aiayn_flax import paths, process_zero
+from aiayn_flax import checkpoints, paths, process_zero, storage_errors
 
 LEASE_FILENAME = "run.lease"
 HEARTBEAT_SECONDS = 30
@@ -263,6 +263,19 @@ def take(workdir) -> Lease:
   return lease
 
 
+def _take_or_say_why(workdir) -> Lease:
+  """take(workdir), or WriteFailed in one line where the lease cannot be written (a full disk,
+  a read-only workdir): the run has not started, and every checkpoint there is intact."""
+  try:
+    return take(workdir)
+  except OSError as e:
+    failure = storage_errors.write_failure(e, paths.workdir_path(workdir) / LEASE_FILENAME,
+                                           checkpoints.intact_text(workdir))
+    if failure is None:
+      raise
+    raise failure from e
+
+
 def lost_error(lease: Lease | None) -> LeaseLost:
   """The one line that stops a run whose lease was taken over: naming the run that took it
   where this process held the lease (process 0), else saying process 0 found it."""
@@ -286,7 +299,7 @@ def _in_use(workdir, path: epath.Path, holder: dict) -> WorkdirInUse:
 def held(workdir):
   """The lease, held by process 0 for the whole run (the other processes of the run wait for
   its verdict and refuse with it)."""
-  lease = process_zero.first("workdir lease", lambda: take(workdir), lambda: None)
+  lease = process_zero.first("workdir lease", lambda: _take_or_say_why(workdir), lambda: None)
   try:
     yield lease
   finally:

@@ -34,6 +34,7 @@ def get_config():
   c.num_train_steps = 1000
   c.log_every_steps = 100
   c.eval_every_steps = 1000
+  c.checkpoint_every_minutes = 0  # by steps: tests stop and resume at known steps
   c.checkpoint_every_steps = 500
   c.keep_checkpoints = 2
   c.average_last_checkpoints = 1

@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from aiayn_flax import paths, process_zero
+from aiayn_flax import paths, process_zero, storage_errors
 from aiayn_flax.data import ragged, vocabulary
 from aiayn_flax.data.ragged import RaggedIds
 from aiayn_flax.data.source_text import TextChunks
@@ -106,7 +106,12 @@ def split_ids(config, vocab, split: str, task) -> TokenizedSplit:
       return cached
     task.prepare_data(config)  # (the vocabulary may have been read without it)
     ids = tokenize_split(config, vocab, split, task)
-    _write_tokenized(path, key, ids)
+    if not _write_tokenized(path, key, ids) and jax.process_count() > 1:
+      # The other hosts read what process 0 wrote: without it they have nothing to train on.
+      raise storage_errors.WriteFailed(
+          f"{path}: cannot write the token cache that the other hosts read ({_failed_cache[-1]}); "
+          "no checkpoint is affected; free space there or make it writable, then run the same "
+          "command")
     logging.info("%s: token ids built by process %d of %d", name, jax.process_index(),
                  jax.process_count())
     return _read_tokenized(path, key) or ids  # mapped from the file written: out of the heap
@@ -212,9 +217,13 @@ def _mapped_member(npz_path: str, name: str) -> np.ndarray:
   return np.memmap(npz_path, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
-def _write_tokenized(path: epath.Path, key: str, tokenized: TokenizedSplit) -> None:
-  """Writes the cache through a temporary file (a reader never sees half of one); a failure
-  to write only costs the next run a tokenization."""
+_failed_cache = []  # why the first cache that could not be written was not: warned about once
+
+
+def _write_tokenized(path: epath.Path, key: str, tokenized: TokenizedSplit) -> bool:
+  """Writes the cache through a temporary file (a reader never sees half of one); whether it
+  was written. On one host a failure to write only costs the next run a tokenization: one
+  warning, the first time."""
   def write(f):
     np.savez(f, key=np.array(key), source_ids=tokenized.sources.flat,
              source_offsets=tokenized.sources.offsets, target_ids=tokenized.targets.flat,
@@ -226,5 +235,11 @@ def _write_tokenized(path: epath.Path, key: str, tokenized: TokenizedSplit) -> N
   try:
     paths.write_atomically(path, write)
     logging.info("token ids cached in %s", path)
+    return True
   except OSError as e:
-    logging.warning("could not cache token ids in %s: %s", path, e)
+    reason = storage_errors.cause(e)
+    if not _failed_cache:
+      logging.warning("%s: cannot cache token ids (%s); training goes on, and the next start "
+                      "tokenizes again", path, reason[0] if reason else e)
+    _failed_cache.append(reason[0] if reason else str(e))
+    return False

@@ -1,0 +1,67 @@
+"""Checkpoints by the clock (config.checkpoint_every_minutes, section 6.1's "10-minute
+intervals"), with a fake clock: a run saves when the minutes are up, whatever its step count,
+and a run that crashed resumes from its last checkpoint by minutes to the uninterrupted run's
+parameters."""
+import itertools
+
+import pytest
+
+from aiayn_flax import checkpoints, config_checks, trainer
+from configs import base, big, toy
+
+
+def by_minutes_config():
+  config = toy.get_config()
+  config.num_train_steps, config.log_every_steps, config.eval_every_steps = 14, 1, 1000
+  config.checkpoint_every_minutes, config.checkpoint_every_steps = 2, 0  # by the clock alone
+  config.keep_checkpoints, config.checkpoint_asynchronously = 10, False
+  config.dataset.toy_eval_examples = 10
+  config.model.dropout_rate = 0.1  # so that a resume must reproduce dropout's masks
+  return config
+
+
+def thirty_seconds_a_reading(monkeypatch):
+  """The trainer's clock: 30 s later at each reading (one a step, one after each save): with
+  checkpoint_every_minutes=2, a checkpoint every fourth step."""
+  readings = itertools.count()
+  monkeypatch.setattr(trainer, "clock", lambda: 30.0 * next(readings))
+
+
+@pytest.mark.slow
+def test_a_run_checkpoints_by_minutes_and_resumes_exactly_after_a_crash(tmp_path, monkeypatch):
+  config = by_minutes_config()
+  thirty_seconds_a_reading(monkeypatch)
+  uninterrupted = trainer.train_and_evaluate(config, str(tmp_path / "uninterrupted"))
+  # Every 2 minutes of the clock (four steps of 30 s), and the last step.
+  assert checkpoints.finished_steps(str(tmp_path / "uninterrupted")) == [4, 8, 12, 14]
+
+  thirty_seconds_a_reading(monkeypatch)
+  logged = trainer.log_train_metrics
+
+  def crash_at_step_10(writer, step, *args):
+    if step == 10:
+      raise RuntimeError("crashed at step 10")
+    return logged(writer, step, *args)
+  monkeypatch.setattr(trainer, "log_train_metrics", crash_at_step_10)
+  with pytest.raises(RuntimeError, match="crashed at step 10"):
+    trainer.train_and_evaluate(config, str(tmp_path / "crashed"))
+  assert checkpoints.finished_steps(str(tmp_path / "crashed")) == [4, 8]
+
+  monkeypatch.setattr(trainer, "log_train_metrics", logged)
+  thirty_seconds_a_reading(monkeypatch)
+  resumed = trainer.train_and_evaluate(config, str(tmp_path / "crashed"))
+  assert resumed["start_step"] == 8 and resumed["step"] == 14
+  assert resumed["params_digest"] == uninterrupted["params_digest"]
+
+
+def test_paper_configs_checkpoint_every_ten_minutes_and_a_run_needs_minutes_or_steps():
+  for config in (base.get_config(), big.get_config()):
+    assert (config.checkpoint_every_minutes, config.checkpoint_every_steps) == (10, 0)
+  config = toy.get_config()
+  config.checkpoint_every_minutes = config.checkpoint_every_steps = 0
+  with pytest.raises(ValueError, match=r"checkpoint_every_minutes=0\.0: must be >= 0, and positive "
+                                       r"where checkpoint_every_steps is 0"):
+    config_checks.check_config(config)
+  # The cadence may change on resume: it changes neither the model nor the batches.
+  assert not trainer.resume_conflicts({"checkpoint_every_minutes": 10},
+                                      {"checkpoint_every_minutes": 5})

@@ -1,0 +1,284 @@
+"""When storage fails, on real filesystems: a workdir on a small tmpfs that is full before the
+run, fills during a checkpoint or just after one, and a workdir on a read-only bind mount. Each
+run stops with exit status 1 and one line (no traceback) naming the path, the cause, the newest
+intact checkpoint and what to do; once space is freed (or the mount made writable) the same
+command ends with the uninterrupted run's parameter digest. Caches that cannot be written (the
+compilation cache, the token cache, TensorBoard's event files) warn once and training goes on.
+
+Mounting needs root (CI runs as root); where it is refused these tests say so and skip.
+"""
+import contextlib
+import errno
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from aiayn_flax import checkpoints, storage_errors
+from conftest import REPO
+from multi_host_launch import launch
+
+TOY_FLAGS = ["--config=configs/toy.py", "--config.num_train_steps=40",
+             "--config.checkpoint_every_steps=20", "--config.log_every_steps=20",
+             "--config.eval_every_steps=1000", "--config.dataset.toy_eval_examples=20"]
+DIGEST = re.compile(r"^params_digest: ([0-9a-f]{64})$", re.M)
+
+
+def _mount(*args) -> None:
+  result = subprocess.run(["mount", *args], capture_output=True, text=True)
+  if result.returncode:
+    pytest.skip(f"cannot mount here (mount {' '.join(args)}: {result.stderr.strip()}); these "
+                "tests need root, as CI has")
+
+
+@contextlib.contextmanager
+def tmpfs(path, size: str):
+  """A tmpfs of `size` (e.g. "8m") mounted at path while the block runs."""
+  os.makedirs(path, exist_ok=True)
+  _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
+  try:
+    yield path
+  finally:
+    subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@contextlib.contextmanager
+def read_only_view(source, path):
+  """`source` seen read-only at `path` (a bind mount), while the block runs."""
+  os.makedirs(path, exist_ok=True)
+  _mount("--bind", str(source), str(path))
+  try:
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+    yield path
+  finally:
+    subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(folder) -> str:
+  """Fills the filesystem of `folder` to the last byte with a file in it; returns its path."""
+  path = os.path.join(folder, f"filler.{uuid.uuid4().hex}")
+  with open(path, "wb", buffering=0) as f:
+    for chunk in (1 << 20, 1 << 12, 1):
+      try:
+        while True:
+          f.write(b"\0" * chunk)
+      except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+  return path
+
+
+@contextlib.contextmanager
+def filled_when(workdir, appears: str):
+  """Fills `workdir`'s filesystem once `appears` is in workdir/checkpoints ("40" a finished
+  checkpoint, "40.orbax-checkpoint-tmp" the start of its save: any name beginning so), watched
+  from a thread while the block runs. Yields a list that then holds the filler's path and the
+  time it was filled (time.monotonic)."""
+  filled, stop = [], threading.Event()
+
+  def found(name):
+    return name.startswith(appears) if "." in appears else name == appears
+
+  def watch():
+    while not stop.is_set():
+      try:
+        names = os.listdir(os.path.join(workdir, "checkpoints"))
+      except FileNotFoundError:
+        names = []
+      if any(map(found, names)):
+        try:
+          filled.append(fill(workdir))
+          filled.append(time.monotonic())
+        except Exception as e:  # noqa: BLE001 - handed to the test's thread
+          failed.append(e)
+        return
+      time.sleep(0.002)
+  failed = []
+  thread = threading.Thread(target=watch, daemon=True)
+  thread.start()
+  try:
+    yield filled
+  finally:
+    stop.set()
+    thread.join()
+  if failed:
+    raise failed[0]
+
+
+def train(workdir, *extra, env=None) -> subprocess.CompletedProcess:
+  environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2") | (env or {})
+  return subprocess.run([sys.executable, "train.py", f"--workdir={workdir}", *TOY_FLAGS, *extra],
+                        cwd=REPO, capture_output=True, text=True, timeout=600, env=environment)
+
+
+def digest_of(result) -> str:
+  assert result.returncode == 0, result.stderr[-3000:]
+  return DIGEST.search(result.stdout).group(1)
+
+
+def stopped_in_one_line(result, cause: str, intact: str) -> str:
+  """The run's last line, after checking that it stopped with status 1, in one line naming the
+  cause and the intact checkpoint, with no traceback anywhere in its output."""
+  output = result.stdout + result.stderr
+  assert result.returncode == 1, output[-3000:]
+  assert "Traceback" not in output, output[-5000:]
+  line = result.stderr.strip().splitlines()[-1]
+  assert line.startswith("train.py: error: ") and ": cannot write: " in line, output[-5000:]
+  assert cause in line and intact in line and "then run the same command" in line, line
+  return line
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> str:
+  return digest_of(train(tmp_path_factory.mktemp("uninterrupted")))
+
+
+@pytest.mark.slow
+def test_a_workdir_full_before_the_run_stops_it_in_one_line_then_it_trains_once_freed(
+    uninterrupted, tmp_path):
+  with tmpfs(tmp_path / "disk", "1m") as disk:
+    filler = fill(disk)
+    result = train(disk / "run")
+    line = stopped_in_one_line(result, "the disk is full (no space left on device)",
+                               "no checkpoint was saved")
+    assert f"{disk}/run/" in line  # the lease it could not write
+    os.remove(filler)
+    # The run's own writes fit in 1 MB but its checkpoints (2 MB each) do not: the start says
+    # so before training, in one line, and trains nothing.
+    result = train(disk / "run")
+    stopped_in_one_line(result, "the disk is too full for one checkpoint", "no checkpoint")
+    assert "step 1/" not in result.stderr and "step 20/40" not in result.stderr
+  with tmpfs(tmp_path / "disk", "16m") as disk:
+    assert digest_of(train(disk / "run")) == uninterrupted
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_a_checkpoint_keeps_the_one_before_and_resumes_exactly(
+    uninterrupted, tmp_path):
+  with tmpfs(tmp_path / "disk", "16m") as disk:
+    with filled_when(disk / "run", "40.orbax-checkpoint-tmp") as filler:
+      result = train(disk / "run")
+    assert filler, "the disk was not filled: step 40's checkpoint was never begun"
+    line = stopped_in_one_line(result, "the disk is full (no space left on device)",
+                               "the newest intact checkpoint is step 20 in")
+    assert "/checkpoints/40" in line  # the save that failed
+    # Nothing half-written is left that a resume could take: orbax's temporary folder is gone.
+    assert sorted(os.listdir(disk / "run" / "checkpoints")) == ["20"]
+    assert checkpoints.finished_steps(str(disk / "run")) == [20]
+    os.remove(filler[0])
+    resumed = train(disk / "run")
+    assert "Resumed from step 20 of" in resumed.stderr
+    assert digest_of(resumed) == uninterrupted
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_just_after_a_checkpoint_stops_before_the_next_and_resumes_exactly(
+    uninterrupted, tmp_path):
+  with tmpfs(tmp_path / "disk", "16m") as disk:
+    with filled_when(disk / "run", "20") as filler:  # the finished folder (renamed from its tmp)
+      result = train(disk / "run", "--config.checkpoint_asynchronously=false")
+    stopped_in_one_line(result, "the disk is full", "the newest intact checkpoint is step 20 in")
+    assert checkpoints.finished_steps(str(disk / "run")) == [20]
+    # A leftover of a save killed mid-way (kill -9): the next start removes it.
+    os.remove(filler[0])
+    leftover = disk / "run" / "checkpoints" / "40.orbax-checkpoint-tmp-1795300000000000"
+    (leftover / "state").mkdir(parents=True)
+    resumed = train(disk / "run")
+    assert not leftover.exists()
+    assert "Resumed from step 20 of" in resumed.stderr
+    assert digest_of(resumed) == uninterrupted
+
+
+@pytest.mark.slow
+def test_a_read_only_workdir_stops_in_one_line_and_a_read_only_cache_only_warns(
+    uninterrupted, tmp_path):
+  stopped = train(tmp_path / "run", env={"AIAYN_TEST_SIGNAL_AT_STEP": "SIGTERM:20"})
+  assert stopped.returncode == 143, stopped.stderr[-3000:]
+  with read_only_view(tmp_path / "run", tmp_path / "read_only") as view:
+    line = stopped_in_one_line(train(view), "the filesystem is read-only",
+                               f"the newest intact checkpoint is step 20 in {view}/checkpoints")
+    assert "remount it read-write" in line
+    (tmp_path / "cache").mkdir()
+    with read_only_view(tmp_path / "cache", tmp_path / "read_only_cache") as cache:
+      # A cache only: one warning, and the run trains to the end from the checkpoint.
+      resumed = train(tmp_path / "run", f"--config.compilation_cache_dir={cache}")
+  assert re.search(rf"compilation cache {cache} cannot be written \(the filesystem is "
+                   r"read-only\): it is off for this run", resumed.stderr), resumed.stderr[-3000:]
+  assert "Resumed from step 20 of" in resumed.stderr
+  assert digest_of(resumed) == uninterrupted
+
+
+@pytest.mark.slow
+def test_two_hosts_whose_workdir_fills_both_stop_within_a_minute_in_one_line_each(tmp_path):
+  flags = ["train.py", "--config=configs/toy.py", "--config.num_train_steps=30",
+           "--config.checkpoint_every_steps=10", "--config.log_every_steps=10",
+           "--config.checkpoint_asynchronously=false", "--config.eval_every_steps=1000",
+           "--config.dataset.toy_eval_examples=10"]
+  with tmpfs(tmp_path / "disk", "16m") as disk:
+    with filled_when(disk / "run", "10") as filler:
+      results = launch([*flags, f"--workdir={disk / 'run'}"], 2, 2, timeout=300)
+      ended = time.monotonic()
+    assert filler, "the disk was not filled: no checkpoint of step 10"
+    for process, result in enumerate(results):
+      assert result.returncode == 1, result.stderr[-3000:]
+      assert "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
+      line = result.stderr.strip().splitlines()[-1]
+      assert line.startswith("train.py: error: "), line
+      assert "step 10" in line, line  # the intact checkpoint, or process 0's line naming it
+    assert "the disk is full" in results[0].stderr.strip().splitlines()[-1]
+    assert checkpoints.finished_steps(str(disk / "run")) == [10]
+  # From the fill (just after checkpoint 10) to the last exit: within a minute.
+  assert ended - filler[1] < 60, ended - filler[1]
+
+
+def test_failed_writes_are_named_in_plain_words():
+  cases = {
+      OSError(errno.ENOSPC, "No space left on device", "/w/run.lease"): "the disk is full",
+      OSError(errno.EROFS, "Read-only file system", "/w/x"): "the filesystem is read-only",
+      ValueError('RESOURCE_EXHAUSTED: Error writing "a/0" in OCDBT database at local file '
+                 '"/w/checkpoints/40.orbax-checkpoint-tmp/": Failed writing: "/w/c/d/1": '
+                 "Failed to write 1 bytes to file 5: No space left on device "
+                 "[os_error_code='28']"): "the disk is full",
+      OSError(errno.EACCES, "Permission denied", "/w/x"): "permission denied",
+      RuntimeError("403 Forbidden: does not have storage.objects.create access"):
+          "the bucket refused the write"}
+  for error, plain in cases.items():
+    failure = storage_errors.write_failure(error, "/w", "INTACT")
+    assert failure is not None and plain in str(failure), (error, failure)
+    assert "\n" not in str(failure)
+  assert storage_errors.failed_path(list(cases)[2]) == "/w/c/d/1"
+  assert storage_errors.write_failure(ValueError("shapes differ"), "/w", "INTACT") is None
+
+
+@pytest.mark.slow
+def test_the_token_cache_and_event_files_warn_once_when_the_disk_is_full(tmp_path, caplog):
+  from aiayn_flax import trainer
+  from aiayn_flax.data import ragged, tokenized
+  ids = ragged.from_parts([np.arange(1, 6, dtype=np.uint16)], [np.array([2, 3])], np.uint16)
+  split = tokenized.TokenizedSplit(ids, ids)
+  with tmpfs(tmp_path / "disk", "64k") as disk:
+    fill(disk)
+    tokenized._failed_cache.clear()
+    with caplog.at_level("WARNING"):
+      written = [tokenized._write_tokenized(disk / "tokenized" / f"{i}.npz", "key", split)
+                 for i in range(2)]
+    assert written == [False, False]
+    warned = [r.getMessage() for r in caplog.records if "cannot cache token ids" in r.getMessage()]
+    assert len(warned) == 1 and "the disk is full" in warned[0]
+    assert not [name for name in os.listdir(disk / "tokenized") if name.endswith(".tmp")]
+
+  with tmpfs(tmp_path / "events", "256k") as disk:
+    writer = trainer.CacheOnlyWriter(str(disk), just_logging=False)
+    fill(disk)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+      for step in range(3):
+        writer.write_scalars(step, {f"metric_{i}": float(i) for i in range(2000)})
+        writer.flush()
+    warned = [r.getMessage() for r in caplog.records if "TensorBoard" in r.getMessage()]
+    assert len(warned) == 1 and "the disk is full" in warned[0], warned

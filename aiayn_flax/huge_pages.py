@@ -17,13 +17,12 @@ process: `make quickstart` on a CPU, a launch script, the user's shell. The entr
 `describe()` once (`log_once_flags_are_parsed`) and go on as started: no restart, so IPython's
 `%run`, `python -m pdb`, `python - < train.py` and debuggers see one process.
 
-`restart_needed` and `restart_with_huge_pages` remain only for the scripts of bench/, which
-measure with the setting on; no entry point calls them.
+The scripts of bench/ do the same (bench/train_speed.py gives its PyTorch peer a setting of its
+own, `tunables_with_hugetlb`).
 """
 import ctypes
 import os
 import platform
-import sys
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 SETTING = f"GLIBC_TUNABLES={TUNABLE}"
@@ -55,6 +54,14 @@ def hugetlb_tunable(glibc_tunables: str) -> str:
   values = [item.split("=", 1)[1] for item in glibc_tunables.split(":")
             if item.startswith("glibc.malloc.hugetlb=")]
   return values[-1] if values else ""
+
+
+def tunables_with_hugetlb(glibc_tunables: str, on: bool) -> str:
+  """`glibc_tunables` with its glibc.malloc.hugetlb entries replaced: by TUNABLE when `on`, by
+  none otherwise; the other tunables kept in their order."""
+  kept = [item for item in glibc_tunables.split(":")
+          if item and not item.startswith("glibc.malloc.hugetlb=")]
+  return ":".join(kept + ([TUNABLE] if on else []))
 
 
 class _DlInfo(ctypes.Structure):
@@ -135,26 +142,3 @@ def log_once_flags_are_parsed() -> None:
   for --help): stdout stays the program's output (translate.py writes translations there)."""
   from absl import app, logging
   app.call_after_init(lambda: logging.info("%s", describe()))
-
-
-def restart_needed(environ, thp_mode: str, libc: tuple[int, ...]) -> bool:
-  """For bench/ only: whether the process should re-execute itself with TUNABLE: glibc that
-  knows it, a kernel that gives huge pages only to memory that asks, not turned off
-  (AIAYN_HUGE_PAGES=0), not already set."""
-  return (libc >= (2, 35) and thp_mode == "madvise"
-          and environ.get("AIAYN_HUGE_PAGES", "1") != "0"
-          and "glibc.malloc.hugetlb" not in environ.get("GLIBC_TUNABLES", ""))
-
-
-def restart_with_huge_pages() -> None:
-  """For bench/ only (no entry point calls it): re-executes the running command with malloc on
-  huge pages when `restart_needed`; returns at once otherwise."""
-  if not restart_needed(os.environ, transparent_huge_page_mode(), glibc_version()):
-    return
-  if sys.orig_argv[1:2] == ["-c"] or not sys.argv[0]:  # nothing to re-execute by name
-    return
-  tunables = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES", ""), TUNABLE]))
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
-            {**os.environ, "GLIBC_TUNABLES": tunables})

@@ -16,6 +16,11 @@ process and pass by pass, decoding data-parallel over all the devices with decod
 pairs' time ratios, and both must give the same translations. Simulated CPU devices share the
 host's cores, so on CPU this measures what splitting a batch costs or saves, not what 8
 accelerators would gain.
+
+Host malloc on huge pages is the environment's setting (start the script with
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 on a CPU, as `make quickstart` does;
+docs/INSTALL.md#on-a-cpu-malloc-on-huge-pages); the script never restarts itself for it and
+says in one log line (aiayn_flax/huge_pages.py) whether it is on.
 """
 import os
 import re
@@ -179,5 +184,5 @@ def main(argv):
 
 if __name__ == "__main__":
   from aiayn_flax import huge_pages
-  huge_pages.restart_with_huge_pages()  # XLA:CPU's buffers on huge pages: fewer page faults
+  huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? the environment's setting
   app.run(main)

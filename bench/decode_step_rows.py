@@ -20,6 +20,11 @@ x [d_model, vocab], XLA's dot) at both row counts, and a self-attention step alo
 model.py's forms (`_decoding_attention`'s batched dots, `_beam_attention`'s broadcast
 products) with one query and with `beam` queries per sentence, each on its own cache layout.
 It prints each step's analytic FLOPs and the rate they run at.
+
+Host malloc on huge pages is the environment's setting (start the script with
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 on a CPU, as `make quickstart` does;
+docs/INSTALL.md#on-a-cpu-malloc-on-huge-pages); the script never restarts itself for it and
+says whether it is on in one log line and its first printed line (aiayn_flax/huge_pages.py).
 """
 import functools
 import os
@@ -198,5 +203,5 @@ def main(argv):
 
 if __name__ == "__main__":
   from aiayn_flax import huge_pages
-  huge_pages.restart_with_huge_pages()  # as decode_speed.py: XLA:CPU's buffers on huge pages
+  huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? the environment's setting
   app.run(main)

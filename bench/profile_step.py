@@ -22,6 +22,12 @@ by operator.
 
 Times are per step and add up to the traced thunks' time; thunks run on two threads at once
 at places, so the sum can exceed the wall time a little.
+
+Host malloc on huge pages is the environment's setting (start the script with
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 on a CPU, as `make quickstart` does;
+docs/INSTALL.md#on-a-cpu-malloc-on-huge-pages); the script never restarts itself for it and
+says in one log line (aiayn_flax/huge_pages.py) whether it is on. The peer here inherits the
+same environment (bench/train_speed.py decides its peer's with --peer_huge_pages; this does not).
 """
 import collections
 import glob
@@ -190,6 +196,6 @@ def main(argv):
 
 if __name__ == "__main__":
   from aiayn_flax import huge_pages
-  huge_pages.restart_with_huge_pages()  # as train.py runs
+  huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? the environment's setting
   flags.FLAGS.set_default("torch_python", "")  # the peer's profile only when asked for
   app.run(main)

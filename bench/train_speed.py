@@ -20,9 +20,12 @@ timed in turn, A B C A B C ..., so all see the same machine load; each ratio is 
 over rounds of peer time / our time. The first line names the CPU model and its bf16 units.
 Our step runs as the trainer runs it, `steps_per_call` steps per compiled call (4 for the quick
 start, 1 for base), so a timing covers whole calls; the peer steps one batch at a time, as PyTorch
-trains. Like train.py, the bench restarts itself with malloc on transparent huge pages where it
-can (aiayn_flax/huge_pages.py; AIAYN_HUGE_PAGES=0 turns it off); the peer runs without that
-setting, as a PyTorch user's script does, unless --peer_huge_pages. MFU is the model's analytic
+trains. Host malloc on huge pages is the environment's setting, as for train.py: start the
+bench with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 on a CPU (what `make quickstart` sets;
+docs/INSTALL.md#on-a-cpu-malloc-on-huge-pages) for our step on huge pages, without it for default
+pages; nothing restarts, and one log line (aiayn_flax/huge_pages.py) says which it is. The peer
+runs without that setting, as a PyTorch user's script does, whatever ours was started with,
+unless --peer_huge_pages gives it the setting too. MFU is the model's analytic
 training FLOPs (aiayn_flax/flops.py) per second over an f32 matmul peak measured in this process
 (the median of the peaks measured at the start and before each round: it moves with the machine's
 load).
@@ -75,10 +78,10 @@ flags.DEFINE_list("peers", ["eager", "compile"], "PyTorch peers timed beside our
 flags.DEFINE_bool("bf16", False, "Also time bfloat16 compute (--config.model.dtype=bfloat16 "
                   "against the peer under torch.autocast(bfloat16)), as rows of their own; f32 "
                   "stays the matched comparison. Meant for CPUs with AVX512-BF16 or AMX.")
-flags.DEFINE_bool("peer_huge_pages", False, "Give the peer our malloc setting too "
-                  "(GLIBC_TUNABLES=glibc.malloc.hugetlb=1, which train.py sets for itself: "
-                  "aiayn_flax/huge_pages.py). Default: the peer runs as a PyTorch user's script "
-                  "does, without it.")
+flags.DEFINE_bool("peer_huge_pages", False, "Start the peer with malloc on huge pages "
+                  "(GLIBC_TUNABLES=glibc.malloc.hugetlb=1: aiayn_flax/huge_pages.py). Default: "
+                  "the peer runs as a PyTorch user's script does, without it, whatever the "
+                  "environment gave ours.")
 flags.DEFINE_integer("torch_threads", 0, "The peer's intra-op threads (0: torch's default, one "
                      "per core). On a machine shared with other jobs, torch's OpenMP threads wait "
                      "for each other at every op, and 1 can be faster than 2.")
@@ -207,10 +210,10 @@ class Peer:
     environ = dict(os.environ)
     if FLAGS.torch_threads:
       environ["OMP_NUM_THREADS"] = str(FLAGS.torch_threads)
-    if not FLAGS.peer_huge_pages:  # what our restart added, and only that
-      tunables = environ.get("GLIBC_TUNABLES", "").split(":")
-      environ["GLIBC_TUNABLES"] = ":".join(t for t in tunables if t != huge_pages.TUNABLE)
-    self.huge_pages = huge_pages.TUNABLE in environ.get("GLIBC_TUNABLES", "")
+    # The peer's malloc setting is --peer_huge_pages's alone, whatever ours was started with.
+    environ["GLIBC_TUNABLES"] = huge_pages.tunables_with_hugetlb(
+        environ.get("GLIBC_TUNABLES", ""), FLAGS.peer_huge_pages)
+    self.huge_pages = FLAGS.peer_huge_pages
     self.process = subprocess.Popen([python, PEER], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True, env=environ)
 
@@ -318,5 +321,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  huge_pages.restart_with_huge_pages()  # XLA:CPU's buffers on huge pages: fewer page faults
+  huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? the environment's setting
   app.run(main)

@@ -89,19 +89,31 @@ def test_hugetlb_tunable_is_the_last_value_glibc_tunables_gives():
   assert huge_pages.hugetlb_tunable("glibc.malloc.hugetlb=1:glibc.malloc.hugetlb=0") == "0"
 
 
-@pytest.mark.parametrize("environ, mode, libc, expected", [
-    ({}, "madvise", (2, 36), True),
-    ({}, "madvise", (2, 34), False),  # glibc without the tunable
-    ({}, "always", (2, 36), False),  # huge pages without asking
-    ({}, "never", (2, 36), False),
-    ({}, "", (), False),  # not Linux with glibc
-    ({"AIAYN_HUGE_PAGES": "0"}, "madvise", (2, 36), False),
-    (SET, "madvise", (2, 36), False),  # set already
-    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "madvise", (2, 36), True),
-])
-def test_the_benches_restart_only_where_the_setting_would_take(environ, mode, libc, expected):
-  """bench/'s scripts still restart themselves (restart_with_huge_pages); no entry point does."""
-  assert huge_pages.restart_needed(environ, mode, libc) is expected
+def test_tunables_with_hugetlb_sets_or_removes_only_the_malloc_setting():
+  """bench/train_speed.py's peer: its malloc setting is --peer_huge_pages's, the rest kept."""
+  assert huge_pages.tunables_with_hugetlb("", True) == "glibc.malloc.hugetlb=1"
+  assert huge_pages.tunables_with_hugetlb("", False) == ""
+  assert huge_pages.tunables_with_hugetlb("glibc.malloc.hugetlb=1", False) == ""
+  assert huge_pages.tunables_with_hugetlb(
+      "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=2:glibc.pthread.rseq=0", False) == (
+          "glibc.malloc.arena_max=2:glibc.pthread.rseq=0")
+  assert huge_pages.tunables_with_hugetlb("glibc.malloc.hugetlb=0:glibc.malloc.arena_max=2",
+                                          True) == (
+      "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
+
+
+def test_no_script_restarts_itself_for_huge_pages():
+  """The entry points and bench/ only log the line: nothing left to re-execute with."""
+  assert not hasattr(huge_pages, "restart_with_huge_pages")
+  assert not hasattr(huge_pages, "restart_needed")
+  scripts = ["train.py", "evaluate.py", "translate.py", *(
+      os.path.join("bench", name) for name in sorted(os.listdir(os.path.join(REPO, "bench"))))]
+  for script in scripts:
+    if script.endswith(".py"):
+      source = open(os.path.join(REPO, script), encoding="utf-8").read()
+      assert "execv" not in source and "restart_with_huge_pages" not in source, script
+      if "huge_pages" in source:
+        assert "huge_pages.log_once_flags_are_parsed()" in source, script
 
 
 # --- Processes: how malloc is really served here, and the entry points as users start them.

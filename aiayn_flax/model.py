@@ -18,6 +18,7 @@ that holds its ancestor's key/value (`slots`); the queries of a sentence's beams
 of its slots, masked to their own ancestry. So when beam search reorders hypotheses it moves
 only that small table (`reorder_decode_cache`) instead of every layer's keys and values.
 """
+import hashlib
 import math
 
 import flax.linen as nn
@@ -86,9 +87,27 @@ def _mix32(x):
   return x ^ (x >> 16)
 
 
+def _dropout_seed(module: nn.Module):
+  """Two uint32 words for one call of `module`, distinct per module and call. Flax's make_rng
+  would fold the module's path into the key with threefry, in small kernels of their own
+  (three per dropout layer on a GPU, 96 of base's step); here the apply's "dropout" key is
+  hashed into bits once (the same computation in every module, which XLA computes once) and
+  mixed with a hash of the path and call count that Python computes when tracing, in integer
+  operations that XLA fuses into the masking."""
+  rngs = module.scope.rngs
+  if "dropout" not in rngs:
+    return jax.random.bits(module.make_rng("dropout"), (2,), jnp.uint32)  # Flax's error
+  module.scope.rng_counters["dropout"] += 1  # as make_rng counts a module's calls
+  digest = hashlib.sha1(repr((rngs["dropout"].suffix,
+                              module.scope.rng_counters["dropout"])).encode()).digest()
+  path_words = np.frombuffer(digest[:8], np.uint32)
+  key_words = jax.random.bits(rngs["dropout"].rng, (2,), jnp.uint32)
+  return _mix32(key_words ^ path_words)
+
+
 def _dropped(shape, rate: float, module: nn.Module):
   """A [shape] bool mask, True with probability `rate`: Dropout's hashed counter bits."""
-  seed = jax.random.bits(module.make_rng("dropout"), (2,), jnp.uint32)
+  seed = _dropout_seed(module)
   counter = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
   bits = _mix32(_mix32(counter ^ seed[0]) + seed[1])
   return bits < jnp.uint32(min(round(rate * 2 ** 32), 2 ** 32 - 1))

@@ -59,7 +59,8 @@ def skip_nonfinite(inner: optax.GradientTransformation,
     flat_updates, unflatten = jax.flatten_util.ravel_pytree(updates)
     treedef = jax.tree.structure(updates)
     like_updates = lambda x: jax.tree.structure(x) == treedef  # noqa: E731
-    to_vector = lambda x: jax.flatten_util.ravel_pytree(x)[0] if like_updates(x) else x  # noqa: E731
+    to_vector = lambda x: (jax.flatten_util.ravel_pytree(x)[0]  # noqa: E731
+                           if like_updates(x) else x)
     finite = jnp.all(jnp.isfinite(flat_updates))
     old = jax.tree.map(to_vector, state.inner_state, is_leaf=like_updates)
     new_updates, new = inner.update(flat_updates, old, None)

@@ -44,14 +44,17 @@ flags.DEFINE_string("peer_python", "", "An interpreter with torch (on the lent G
 flags.DEFINE_enum("target_logit", "auto", ["auto", "gather", "select"], "The loss's form of "
                   "the reference token's logit (aiayn_flax/loss.py): auto, as training "
                   "picks it, or one form forced, to measure the two against each other.")
+flags.DEFINE_enum("forms", "auto", ["auto", "before"], "The step's forms: auto, as training "
+                  "picks them (on a GPU: the one-pass loss, Adam on one vector); before: the "
+                  "loss by separate reductions and Adam per array, as until 2026-11-28.")
 flags.DEFINE_string("from_file", "", "With --write_results: the table a device run wrote.")
 flags.DEFINE_bool("write_results", False, "Put the table's rows into docs/RESULTS.md.")
 FLAGS = flags.FLAGS
 
 HEADER = ("| date | device | size | batch (rows x length), dtype | first step (ms) | ms per step "
           "(median after the first) | plan's ms per step (MFU) | measured MFU | peak memory / "
-          "compiled (GB) | torch eager / torch.compile ms per step |\n"
-          "|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+          "compiled (GB) | torch eager / torch.compile ms per step | ms per step, 20 queued, "
+          "one wait |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer.py")
 SECTION = "## On an accelerator"
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
@@ -98,13 +101,15 @@ def peer_milliseconds(python: str, config, rows: int, length: int, steps: int,
 
 
 def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
-          target_logit: str = "auto") -> str:
+          target_logit: str = "auto", forms: str = "auto") -> str:
   """One table row for `size`, measured on the first local device."""
   import jax
 
   from aiayn_flax import dry_run, flops, loss, optimizer, train_step
   if target_logit != "auto":  # one form forced, to time the two against each other
     loss.target_logit = getattr(loss, f"target_logit_by_{target_logit}")
+  if forms == "before":
+    loss.FORM, optimizer.FORM = "reductions", "per_array"
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
   plan = dry_run.plan(config)  # for the local devices, "auto" dtype resolved for them
@@ -114,7 +119,8 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   state = train_step.create_train_state(config, model)
   step = jax.jit(functools.partial(
       train_step.train_step, model=model, label_smoothing=config.label_smoothing,
-      schedule=optimizer.learning_rate_schedule(config)), donate_argnums=0)
+      schedule=optimizer.learning_rate_schedule(config),
+      one_vector=optimizer.state_is_whole_on_each_device(config)), donate_argnums=0)
   batch = synthetic_batches(rows, length, config.model.vocab_size)[0]
   key = train_step.dropout_key(0)
   compiled = step.lower(state, batch, key).compile()
@@ -127,6 +133,12 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
     state, metrics = compiled(state, batch, key)
     jax.block_until_ready((state, metrics))
     seconds.append(time.perf_counter() - start)
+  # As the trainer runs them, and as torch_peer.py times its steps: queued, one wait at the end.
+  start = time.perf_counter()
+  for _ in range(20):
+    state, metrics = compiled(state, batch, key)
+  jax.block_until_ready((state, metrics))
+  queued = (time.perf_counter() - start) / 20
   if trace_dir:
     with jax.profiler.trace(os.path.join(trace_dir, size)):
       for _ in range(3):
@@ -142,15 +154,18 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   mfu = f"{model_flops / steady / peak_flops:.2g}" if peak_flops else "- (no peak known)"
   planned = (f"{plan['step_time_s'] * 1e3:.1f} ({plan['mfu']})" if plan["step_time_s"]
              else "- (no peak known)")
+  label = size if forms == "auto" else f"{size} ({forms})"
   ours = (f"| {time.strftime('%Y-%m-%d')} | {jax.device_count()} x {device.device_kind} | "
-          f"{size} | {rows} x {length}, {config.model.dtype} | {seconds[0] * 1e3:.1f} | "
+          f"{label} | {rows} x {length}, {config.model.dtype} | {seconds[0] * 1e3:.1f} | "
           f"{steady * 1e3:.1f} | {planned} | {mfu} | {peak_bytes / 1e9:.2f} ({peak_kind}) / "
           f"{compiled_bytes / 1e9:.2f} |")
+  queued_cell = f" {queued * 1e3:.1f} |"
   if not peer_python:
-    return ours + " - |"
+    return ours + " - |" + queued_cell
   print(f"ours, before the peer: {ours}", flush=True)
   return ours + (" " + peer_milliseconds(peer_python, config, rows, length, steps,
-                                         "cuda" if device.platform == "gpu" else "cpu") + " |")
+                                         "cuda" if device.platform == "gpu" else "cpu") + " |"
+                 + queued_cell)
 
 
 def write_results(rows: list[str], path: str = RESULTS) -> None:
@@ -181,7 +196,7 @@ def main(argv):
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
           f"({jax.default_backend()}), jax {jax.__version__}", flush=True)
     rows = [check(FLAGS.sizes[0], FLAGS.steps, FLAGS.trace_dir, FLAGS.peer_python,
-                  FLAGS.target_logit)]
+                  FLAGS.target_logit, FLAGS.forms)]
   else:
     # A process per size, this one never starting jax: the runtime's peak memory counts from
     # the process's start, and a GPU's memory is held by the process that took it.
@@ -189,7 +204,8 @@ def main(argv):
     for size in FLAGS.sizes:
       command = [sys.executable, os.path.abspath(__file__), f"--sizes={size}",
                  f"--steps={FLAGS.steps}", f"--trace_dir={FLAGS.trace_dir}",
-                 f"--peer_python={FLAGS.peer_python}", f"--target_logit={FLAGS.target_logit}"]
+                 f"--peer_python={FLAGS.peer_python}", f"--target_logit={FLAGS.target_logit}",
+                 f"--forms={FLAGS.forms}"]
       process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
       found = []
       for line in process.stdout:  # passed on as it comes: a run cut short keeps its lines

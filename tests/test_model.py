@@ -1,4 +1,5 @@
 """The model of section 3: masks, positions, cached decoding, parameter counts."""
+import itertools
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -253,6 +254,31 @@ def test_dropout_keeps_each_element_independently_with_probability_one_minus_rat
   np.testing.assert_array_equal(out, _dropout(x, 0.1, jax.random.key(0)))
   np.testing.assert_array_equal(
       model_lib.Dropout(0.1).apply({}, x, deterministic=True), x)
+
+
+class _TwoDropouts(nn.Module):
+  """Two dropout layers, the first called twice, on the same input."""
+  @nn.compact
+  def __call__(self, x):
+    first = model_lib.Dropout(0.5)
+    return (first(x, deterministic=False), first(x, deterministic=False),
+            model_lib.Dropout(0.5)(x, deterministic=False))
+
+
+def test_each_dropout_layer_and_call_draws_its_own_mask_from_one_key():
+  """The masks' seeds come from one key's bits mixed with each module's path and call count
+  (model._dropout_seed): different layers and calls, different masks; the same key, the same."""
+  x = jnp.ones((64, 64))
+  masks = [np.asarray(m) != 0
+           for m in _TwoDropouts().apply({}, x, rngs={"dropout": jax.random.key(0)})]
+  assert not (masks[0] == masks[1]).all() and not (masks[0] == masks[2]).all()
+  for a, b in itertools.combinations(masks, 2):  # independent: agreeing on about half
+    assert 0.45 < (a == b).mean() < 0.55
+  again = _TwoDropouts().apply({}, x, rngs={"dropout": jax.random.key(0)})
+  for mask, other in zip(masks, again):
+    np.testing.assert_array_equal(mask, np.asarray(other) != 0)
+  other_key = _TwoDropouts().apply({}, x, rngs={"dropout": jax.random.key(1)})
+  assert not (masks[0] == (np.asarray(other_key[0]) != 0)).all()
 
 
 def test_source_token_dropout_turns_real_tokens_into_unk_at_its_rate_and_only_in_training():

@@ -119,10 +119,11 @@ FIGURES = {
          ("docs/PERFORMANCE.md", r"base (\d+\.\d+) ms per step")]),
     "Base's train step compiled for one H100, GiB": (
         ("docs/SCALE.md", r"\| base \| gpu-h100x1 \| bfloat16 \| (\d+\.\d+) \(122x256\)"),
-        [("docs/SCALE.md", r"\d+\.\d+ against (\d+\.\d+) on one H100; big"),
-         ("docs/SCALE.md", r"\| gpu-h100x1 \| base: train step \| (\d+\.\d+) GiB \(the table above\)"),
-         ("docs/SCALE.md", r"base for one H100 compiled, earlier and with\s+the CPU less busy: "
-                           r"(\d+\.\d+) GiB")]),
+        [("docs/lab_notes/SCALE.md", r"\d+\.\d+ against (\d+\.\d+) on one H100; big"),
+         ("docs/lab_notes/SCALE.md", r"\| gpu-h100x1 \| base: train step \| (\d+\.\d+) GiB "
+                                     r"\(SCALE\.md's compiled table\)"),
+         ("docs/lab_notes/SCALE.md", r"base for one H100 compiled, earlier and with\s+the CPU less "
+                                     r"busy: (\d+\.\d+) GiB")]),
     "Checkpoints the quick start's scores average": (
         ("configs/multi30k.py", r"c\.average_last_checkpoints = (\d+)"),
         [("Makefile", r"# greedy, then the paper's recipe \(beam 4\), both on the last (\d+) "

@@ -1,4 +1,4 @@
-"""Every command in a fenced bash block of README.md and docs/*.md names things that exist:
+"""Every command in a fenced bash block of README.md and docs/ (lab notes too) names things that exist:
 the script or module it runs, each `--flag` of that script (absl or argparse), each
 `--config.FIELD` of the config file it names, each repository file in its arguments, each
 `make` target and variable, each pip extra. Long commands are parsed, never run; the dry runs
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, run_script
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]  # lab_notes/ too
 PYTHONS = re.compile(r"^(?:.*/)?python(?:3(?:\.\d+)?)?$")
 # Top-level entries of the repository: an argument starting with one names a repository file.
 REPO_ENTRIES = {p.name for p in REPO.iterdir() if not p.name.startswith(".")} - {"runs"}

@@ -87,6 +87,11 @@ def _mix32(x):
   return x ^ (x >> 16)
 
 
+# "one_key", as below; "make_rng": a threefry fold per layer, as until 2026-11-28 (a benchmark
+# counts the two against each other).
+DROPOUT_SEEDS = "one_key"
+
+
 def _dropout_seed(module: nn.Module):
   """Two uint32 words for one call of `module`, distinct per module and call. Flax's make_rng
   would fold the module's path into the key with threefry, in small kernels of their own
@@ -95,8 +100,8 @@ def _dropout_seed(module: nn.Module):
   mixed with a hash of the path and call count that Python computes when tracing, in integer
   operations that XLA fuses into the masking."""
   rngs = module.scope.rngs
-  if "dropout" not in rngs:
-    return jax.random.bits(module.make_rng("dropout"), (2,), jnp.uint32)  # Flax's error
+  if "dropout" not in rngs or DROPOUT_SEEDS == "make_rng":  # Flax's error, or its way
+    return jax.random.bits(module.make_rng("dropout"), (2,), jnp.uint32)
   module.scope.rng_counters["dropout"] += 1  # as make_rng counts a module's calls
   digest = hashlib.sha1(repr((rngs["dropout"].suffix,
                               module.scope.rng_counters["dropout"])).encode()).digest()

@@ -46,7 +46,8 @@ flags.DEFINE_enum("target_logit", "auto", ["auto", "gather", "select"], "The los
                   "picks it, or one form forced, to measure the two against each other.")
 flags.DEFINE_enum("forms", "auto", ["auto", "before"], "The step's forms: auto, as training "
                   "picks them (on a GPU: the one-pass loss, Adam on one vector); before: the "
-                  "loss by separate reductions and Adam per array, as until 2026-11-28.")
+                  "loss by separate reductions, Adam per array and a threefry fold per dropout layer, "
+                  "as until 2026-11-28.")
 flags.DEFINE_string("from_file", "", "With --write_results: the table a device run wrote.")
 flags.DEFINE_bool("write_results", False, "Put the table's rows into docs/RESULTS.md.")
 FLAGS = flags.FLAGS
@@ -109,7 +110,8 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   if target_logit != "auto":  # one form forced, to time the two against each other
     loss.target_logit = getattr(loss, f"target_logit_by_{target_logit}")
   if forms == "before":
-    loss.FORM, optimizer.FORM = "reductions", "per_array"
+    from aiayn_flax import model
+    loss.FORM, optimizer.FORM, model.DROPOUT_SEEDS = "reductions", "per_array", "make_rng"
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
   plan = dry_run.plan(config)  # for the local devices, "auto" dtype resolved for them

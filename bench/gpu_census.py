@@ -15,8 +15,8 @@ gpu-h100x1) on the CPU (no GPU needed: the `aot` extra), reads the optimized pro
   one measured row: base on an H200, 1,657 launches, 46.2 ms of kernels, 58.5 ms per step each
   step waited for (docs/RESULTS.md). These are predictions until a lent GPU times them.
 "Before" is the step with the forms it had until 2026-11-28 (the loss by separate reductions,
-Adam per parameter array); "after" today's (one-pass loss, one-vector Adam), both compiled in
-this run. On a TPU target it prints XLA's own cost analysis (FLOPs, bytes accessed).
+Adam per parameter array, a threefry fold per dropout layer); "after" today's (one-pass loss,
+one-vector Adam, dropout seeds from one key), both compiled in this run. On a TPU target it prints XLA's own cost analysis (FLOPs, bytes accessed).
 """
 import os
 import sys
@@ -41,9 +41,9 @@ MEASURED_H200 = {"base": {"launches": 1657, "kernels_ms": 46.2, "step_ms": 58.5}
 
 
 def set_forms(form: str) -> None:
-  from aiayn_flax import loss, optimizer
-  loss.FORM, optimizer.FORM = {"before": ("reductions", "per_array"),
-                               "after": ("auto", "auto")}[form]
+  from aiayn_flax import loss, model, optimizer
+  loss.FORM, optimizer.FORM, model.DROPOUT_SEEDS = {
+      "before": ("reductions", "per_array", "make_rng"), "after": ("auto", "auto", "one_key")}[form]
 
 
 def census_row(size: str, form: str) -> dict:

@@ -13,11 +13,12 @@ strongest baseline, aiayn_flax/parsing/silver.py), then on gold trees alone at t
 
 The mix (dataset.mix_ratio silver trees per gold tree in each epoch), the epochs with silver
 (dataset.mix_epochs, gold alone after) and the confidence threshold were chosen on the
-validation files (docs/PARSING.md, seed 0): these values gave 78.09 F1, the agreement threshold
-72 gave 77.46, ratio 2 for 20 epochs 77.36 (gold alone: 68.11). On the test files, 3 seeds:
-75.66 F1, 3.24 above the teacher (one-sided p = 0.018 over the test sentences, the seeds held
-fixed; over seeds and sentences, two-sided, about p = 0.043 or more: docs/PARSING.md, "The final
-table"). The batches are a pure function of (seed, epoch): a resumed run sees the same mix.
+validation files (docs/lab_notes/PARSING.md, "Validation runs", seed 0): these values gave
+78.09 F1, the agreement threshold 72 gave 77.46, ratio 2 for 20 epochs 77.36 (gold alone:
+68.11). On the test files, 3 seeds: 75.66 F1, 3.24 above the teacher (one-sided p = 0.018 over
+the test sentences, the seeds held fixed; over seeds and sentences,
+two-sided, about p = 0.043 or more: docs/PARSING.md, "The final table"). The batches are a pure
+function of (seed, epoch): a resumed run sees the same mix.
 """
 from configs import parsing_sample
 

@@ -111,12 +111,15 @@ FIGURES = {
                             r"(\d+\.\d+)x torch\.compile"),
         [("README.md", r"base's in \d+\.\d+ ms, (\d+\.\d+)x PyTorch eager and (\d+\.\d+)x "
                        r"`torch\.compile`"),
-         ("docs/PERFORMANCE.md", r"(\d+\.\d+)x torch eager, (\d+\.\d+)x torch\.compile")]),
+         ("docs/PERFORMANCE.md", r"(\d+\.\d+)x torch eager, (\d+\.\d+)x torch\.compile"),
+         ("docs/lab_notes/PERFORMANCE.md", r"(\d+\.\d+)x torch eager, (\d+\.\d+)x "
+                                           r"torch\.compile")]),
     "The H200's base step, ms": (
         ("docs/RESULTS.md", r"Base's MFU is half the plan's 0\.4: its kernels take \d+ ms of the "
                             r"(\d+\.\d+)"),
         [("README.md", r"base's in (\d+\.\d+) ms"),
-         ("docs/PERFORMANCE.md", r"base (\d+\.\d+) ms per step")]),
+         ("docs/PERFORMANCE.md", r"base (\d+\.\d+) ms per step"),
+         ("docs/lab_notes/PERFORMANCE.md", r"base (\d+\.\d+) ms per step")]),
     "Base's train step compiled for one H100, GiB": (
         ("docs/SCALE.md", r"\| base \| gpu-h100x1 \| bfloat16 \| (\d+\.\d+) \(122x256\)"),
         [("docs/lab_notes/SCALE.md", r"\d+\.\d+ against (\d+\.\d+) on one H100; big"),

@@ -11,7 +11,7 @@ from conftest import REPO
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 # Reference pages: what a user runs and what they get, at most 160 lines; the run-by-run
 # record in docs/lab_notes/ under the same name (issue 56).
-REFERENCE_PAGES = ["PARSING.md", "RECIPE.md", "SCALE.md"]
+REFERENCE_PAGES = ["PARSING.md", "PERFORMANCE.md", "RECIPE.md", "SCALE.md"]
 # [text](target) and ![alt](target); the target ends at whitespace or ")" (a title may follow).
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 

@@ -52,7 +52,7 @@ def skip_nonfinite(inner: optax.GradientTransformation,
   checkpoints are the same either way). With `one_vector`, on a GPU or TPU, it runs the update
   on one vector of every gradient and moment: the finite check is one reduction and Adam one
   elementwise pass, where per array they are two kernel launches per parameter array (193 for
-  base); the skip is a select. The CPU keeps optax's form (per array: faster there)."""
+  base); the skip is a select. The CPU keeps optax's form, and its compiled step as it was."""
   per_array = optax.apply_if_finite(inner, max_consecutive_errors=2**31 - 1)
 
   def update_in_one_vector(updates, state):

@@ -114,7 +114,7 @@ def main(argv):
          "--config.eval_decode_sentences=16"] if FLAGS.rehearse else []
   run_part("quickstart_train", [python, "train.py", "--config=configs/multi30k.py",
                                 f"--workdir={workdir}", *cut], left(0.45), env, summary)
-  limit = ["--batch_size=8"] if FLAGS.rehearse else []
+  limit = ["--batch_size=8", "--average_last=1"] if FLAGS.rehearse else []
   for beam in (1, 4):
     run_part(f"quickstart_test2016_beam{beam}",
              [python, "evaluate.py", f"--workdir={workdir}", "--testset=multi30k/test2016",

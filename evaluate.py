@@ -163,6 +163,14 @@ def main(argv):
       translate_and_score()
   except (FileNotFoundError, ValueError) as e:  # bad input: one line that says what to do
     sys.exit(f"evaluate.py: error: {e}")
+  except OSError as e:  # the outputs could not be written (a full disk, a read-only folder)
+    from aiayn_flax import storage_errors
+    failure = storage_errors.write_failure(
+        e, FLAGS.output_dir or FLAGS.workdir or FLAGS.hyp_file,
+        "the run's checkpoints are only read, never changed (or pass --output_dir=DIR)")
+    if failure is None:
+      raise
+    sys.exit(f"evaluate.py: error: {failure}")
 
 
 if __name__ == "__main__":

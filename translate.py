@@ -149,11 +149,14 @@ def main(argv):
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"translate.py: error: {e}")
   name = FLAGS.input or "<stdin>"
-  if jax.process_index() > 0:  # every process has every translation; process 0 writes them
-    out = open(os.devnull, "w", encoding="utf-8")
-  else:
-    out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
   first_line = 0
+  try:
+    if jax.process_index() > 0:  # every process has every translation; process 0 writes them
+      out = open(os.devnull, "w", encoding="utf-8")
+    else:
+      out = open(FLAGS.output, "w", encoding="utf-8") if FLAGS.output else sys.stdout
+  except OSError as e:
+    sys.exit(f"translate.py: error: {write_error(e, first_line)}")
   try:
     for lines in input_batches(source, name):
       if FLAGS.nbest:
@@ -168,9 +171,25 @@ def main(argv):
       first_line += len(lines)
   except ValueError as e:
     sys.exit(f"translate.py: error: {e}")
+  except OSError as e:  # --output could not be written (a full disk, a read-only folder)
+    sys.exit(f"translate.py: error: {write_error(e, first_line)}")
   finally:
     if out is not sys.stdout:
-      out.close()
+      try:
+        out.close()
+      except OSError:
+        pass  # (the write's own error is the one reported)
+
+
+def write_error(error: OSError, lines_written: int) -> str:
+  """One line for a failed write of --output, or the error itself when it is not one."""
+  from aiayn_flax import storage_errors
+  failure = storage_errors.write_failure(
+      error, FLAGS.output or "<stdout>",
+      f"the first {lines_written} translations are written there")
+  if failure is None:
+    raise error
+  return str(failure)
 
 
 if __name__ == "__main__":

@@ -43,9 +43,9 @@ def manager(workdir: str, keep: int | None = None, read_only: bool = False,
   whose disk filled up) never leaves a checkpoint that looks finished. A manager that writes
   removes the temporary directories an earlier run left (orbax's cleanup_tmp_directories, on
   process 0): a failed save's space comes back at the next start."""
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                         read_only=read_only, enable_async_checkpointing=asynchronous,
-                                         cleanup_tmp_directories=not read_only)
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, create=not read_only, read_only=read_only,
+      enable_async_checkpointing=asynchronous, cleanup_tmp_directories=not read_only)
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
                                item_names=("state", "meta"))
 
@@ -144,19 +144,21 @@ def room_line(workdir: str, one_checkpoint: int, keep: int) -> tuple[str, bool]:
   """(one line on the checkpoints' room, whether they fit), e.g. 'checkpoints: 5 kept x 0.78
   GB = 3.9 GB (+1 while one is written); /runs has 120.3 GB free: fits'."""
   free = free_bytes(workdir)
-  text = (f"checkpoints: {keep} kept x {_size(one_checkpoint)} = {_size(keep * one_checkpoint)}"
-          f" (+{_size(one_checkpoint)} while one is written)")
+  one = size_text(one_checkpoint)
+  text = (f"checkpoints: {keep} kept x {one} = {size_text(keep * one_checkpoint)} (+{one} while "
+          "one is written)")
   if free is None:
     return f"{text}; {workdir} is on Cloud Storage (no free-space figure)", True
   needed = room_needed(workdir, one_checkpoint, keep)
   fits = free >= needed
   where = paths.workdir_path(workdir)
-  return (f"{text}; {where} has {_size(free)} free, {_size(needed)} still needed: "
+  return (f"{text}; {where} has {size_text(free)} free, {size_text(needed)} still needed: "
           + ("fits" if fits else "does not fit: free space there, lower "
              "--config.keep_checkpoints, or choose another --workdir")), fits
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+  """Bytes for people: "2.57 GB", "2.02 MB"."""
   for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
     if n >= scale:
       return f"{n / scale:.3g} {unit}"

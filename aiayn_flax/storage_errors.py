@@ -19,16 +19,15 @@ import errno
 import logging as python_logging
 import re
 import sys
+import threading
 import traceback
 
 from absl import logging
 
 # errno -> the cause in plain words, and what to do about it.
 _CAUSES = {
-    errno.ENOSPC: ("the disk is full (no space left on device)",
-                   "free space there (or lower --config.keep_checkpoints)"),
-    errno.EDQUOT: ("the disk quota is exceeded",
-                   "free space within the quota (or lower --config.keep_checkpoints)"),
+    errno.ENOSPC: ("the disk is full (no space left on device)", "free space there"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free space within the quota"),
     errno.EROFS: ("the filesystem is read-only",
                   "remount it read-write (or copy the workdir to a writable disk)"),
     errno.EACCES: ("permission denied", "give this user write permission there"),
@@ -79,8 +78,10 @@ def failed_path(error: BaseException) -> str | None:
 
 
 def one_line(path, reason: tuple[str, str], intact: str) -> str:
-  """'PATH: cannot write: CAUSE; INTACT; TODO and run the same command ...'."""
+  """'PATH: cannot write: CAUSE; INTACT; TODO, then run the same command'."""
   what, todo = reason
+  if todo.startswith("free space") and "/checkpoints" in str(path):
+    todo += " (or lower --config.keep_checkpoints)"
   return f"{path}: cannot write: {what}; {intact}; {todo}, then run the same command"
 
 
@@ -103,15 +104,30 @@ def write_failure(error: BaseException, where, intact: str,
 
 class _TracebacksToDebug(python_logging.Filter):
   """Takes the traceback off a library's log record (an orbax thread's failed write) and logs
-  it at debug level instead; the record's one-line message stays."""
+  it at debug level instead; of a message on several lines (asyncio's "Task was destroyed but
+  it is pending!" and the task), the first line stays."""
+
+  silenced = False  # set once the run stops on a failed write: see `stopping`
 
   def filter(self, record):
-    if record.exc_info:
-      logging.debug("traceback of %r:\n%s", record.getMessage().splitlines()[0][:200],
-                    "".join(traceback.format_exception(*record.exc_info)))
+    if "/aiayn_flax/" in record.pathname or record.levelno < python_logging.WARNING:
+      return True
+    message = record.getMessage()
+    if self.silenced:
+      logging.debug("after the failed write: %s", message)
+      return False
+    if record.exc_info or "\n" in message:
+      logging.debug("in full: %s\n%s", message, "".join(
+          traceback.format_exception(*record.exc_info)) if record.exc_info else "")
+      record.msg, record.args = message.splitlines()[0] if message else message, None
       record.exc_info, record.exc_text = None, None
-      record.msg = str(record.msg).splitlines()[0] if record.msg else record.msg
     return True
+
+
+def _thread_error_to_debug(args) -> None:
+  """An exception that ended a library's thread (orbax's writers after a failed save)."""
+  logging.debug("thread %s ended by: %s", args.thread and args.thread.name, "".join(
+      traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)))
 
 
 def _unraisable_to_debug(unraisable) -> None:
@@ -121,21 +137,35 @@ def _unraisable_to_debug(unraisable) -> None:
       unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)))
 
 
+_QUIET = _TracebacksToDebug()
+
+
+def stopping() -> None:
+  """The run stops on a failed write: from now on the libraries' log records (orbax's threads
+  failing one after another, asyncio's futures never retrieved at exit) go to the debug log,
+  so that the run's one line is the last the user sees."""
+  if logging.get_verbosity() < logging.DEBUG:
+    _QUIET.silenced = True
+
+
 @contextlib.contextmanager
 def library_tracebacks_to_debug_log():
   """While the block runs, library tracebacks go to the debug log (`-v 1` shows them), not to
-  the terminal: log records' tracebacks, and exceptions that no code can catch."""
+  the terminal: log records' tracebacks, exceptions that end a library's thread, and
+  exceptions that no code can catch. Where the block ends with an error, they stay there: the
+  libraries' threads may still be failing while the process exits with its one line."""
   if logging.get_verbosity() >= logging.DEBUG:  # -v 1: the user asked to see everything
     yield
     return
+  _QUIET.silenced = False
   handlers = [logging.get_absl_handler(), *python_logging.getLogger().handlers]
-  quiet = _TracebacksToDebug()
+  previous = [(handler, _QUIET in handler.filters) for handler in handlers]
   for handler in handlers:
-    handler.addFilter(quiet)
-  previous, sys.unraisablehook = sys.unraisablehook, _unraisable_to_debug
-  try:
-    yield
-  finally:
-    sys.unraisablehook = previous
-    for handler in handlers:
-      handler.removeFilter(quiet)
+    handler.addFilter(_QUIET)  # (once: a filter already there is not added again)
+  hooks = sys.unraisablehook, threading.excepthook
+  sys.unraisablehook, threading.excepthook = _unraisable_to_debug, _thread_error_to_debug
+  yield  # (an error raised in the block leaves all this in place: see the docstring)
+  sys.unraisablehook, threading.excepthook = hooks
+  for handler, had in previous:
+    if not had:
+      handler.removeFilter(_QUIET)

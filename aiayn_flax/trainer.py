@@ -267,6 +267,7 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
                                            host_agreement.AnotherHostFailed)):
         raise  # (another process's failure is one line already: it names that process)
       checkpoints.remove_unfinished(workdir)
+      storage_errors.stopping()
       raise failure from e
 
 
@@ -487,9 +488,9 @@ def planned_checkpoints_line(config, workdir: str | None) -> tuple[str, bool]:
                        + ([f"{steps} steps"] if steps else []))
   if not workdir:
     one = checkpoints.state_bytes(abstract)
-    return (f"checkpoints every {every}: {keep} kept x {checkpoints._size(one)} = "
-            f"{checkpoints._size(keep * one)} (+{checkpoints._size(one)} while one is written); "
-            "add --workdir=DIR to check its free space"), True
+    size = checkpoints.size_text
+    return (f"checkpoints every {every}: {keep} kept x {size(one)} = {size(keep * one)} "
+            f"(+{size(one)} while one is written); add --workdir=DIR to check its free space"), True
   line, fits = checkpoints.room_line(workdir, checkpoints.checkpoint_bytes(workdir, abstract),
                                      keep)
   return line.replace("checkpoints:", f"checkpoints every {every}:", 1), fits
@@ -508,8 +509,8 @@ def check_room(workdir: str, abstract_state, keep: int) -> int:
     if free is not None and free < one_checkpoint:
       why_not = storage_errors.one_line(
           checkpoints.checkpoint_dir(workdir),
-          (f"the disk is too full for one checkpoint ({checkpoints._size(free)} free, "
-           f"{checkpoints._size(one_checkpoint)} needed)", "free space there"),
+          (f"the disk is too full for one checkpoint ({checkpoints.size_text(free)} free, "
+           f"{checkpoints.size_text(one_checkpoint)} needed)", "free space there"),
           checkpoints.intact_text(workdir))
   host_agreement.stop_if_any_failed("the workdir's free space", why_not)
   if why_not:
@@ -527,9 +528,8 @@ def cannot_save(workdir: str, one_checkpoint: int, step: int) -> str | None:
   if free is not None and free < share:
     return storage_errors.one_line(
         checkpoints.checkpoint_dir(workdir) / str(step),
-        (f"the disk is full ({checkpoints._size(free)} free where the checkpoint of step "
-         f"{step} needs {checkpoints._size(share)})", "free space there (or lower "
-         "--config.keep_checkpoints)"), intact)
+        (f"the disk is full ({checkpoints.size_text(free)} free where the checkpoint of step "
+         f"{step} needs {checkpoints.size_text(share)})", "free space there"), intact)
   probe = checkpoints.checkpoint_dir(workdir) / f".write_check.{jax.process_index()}"
   try:
     probe.write_bytes(b"a checkpoint is about to be written here\n")

@@ -134,8 +134,20 @@ def stopped_in_one_line(result, cause: str, intact: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> str:
-  return digest_of(train(tmp_path_factory.mktemp("uninterrupted")))
+def uninterrupted_run(tmp_path_factory) -> tuple[str, str]:
+  """(workdir, params digest) of the toy run never interrupted (checkpoints 20 and 40)."""
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  return str(workdir), digest_of(train(workdir))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run) -> str:
+  return uninterrupted_run[1]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_workdir(uninterrupted_run) -> str:
+  return uninterrupted_run[0]
 
 
 @pytest.mark.slow
@@ -214,13 +226,15 @@ def test_a_read_only_workdir_stops_in_one_line_and_a_read_only_cache_only_warns(
 
 
 @pytest.mark.slow
-def test_two_hosts_whose_workdir_fills_both_stop_within_a_minute_in_one_line_each(tmp_path):
+@pytest.mark.parametrize("fill_at", ["10", "20.orbax-checkpoint-tmp"])  # after 10; during 20
+def test_two_hosts_whose_workdir_fills_both_stop_within_a_minute_in_one_line_each(fill_at,
+                                                                                   tmp_path):
   flags = ["train.py", "--config=configs/toy.py", "--config.num_train_steps=30",
            "--config.checkpoint_every_steps=10", "--config.log_every_steps=10",
            "--config.checkpoint_asynchronously=false", "--config.eval_every_steps=1000",
            "--config.dataset.toy_eval_examples=10"]
   with tmpfs(tmp_path / "disk", "16m") as disk:
-    with filled_when(disk / "run", "10") as filler:
+    with filled_when(disk / "run", fill_at) as filler:
       results = launch([*flags, f"--workdir={disk / 'run'}"], 2, 2, timeout=300)
       ended = time.monotonic()
     assert filler, "the disk was not filled: no checkpoint of step 10"
@@ -228,11 +242,10 @@ def test_two_hosts_whose_workdir_fills_both_stop_within_a_minute_in_one_line_eac
       assert result.returncode == 1, result.stderr[-3000:]
       assert "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
       line = result.stderr.strip().splitlines()[-1]
-      assert line.startswith("train.py: error: "), line
-      assert "step 10" in line, line  # the intact checkpoint, or process 0's line naming it
-    assert "the disk is full" in results[0].stderr.strip().splitlines()[-1]
+      assert line.startswith("train.py: error: ") and "checkpoints/20: cannot write" in line, line
+      assert "the disk is full" in line and "the newest intact checkpoint is step 10" in line
     assert checkpoints.finished_steps(str(disk / "run")) == [10]
-  # From the fill (just after checkpoint 10) to the last exit: within a minute.
+  # From the fill (after checkpoint 10, or during 20) to the last exit: within a minute.
   assert ended - filler[1] < 60, ended - filler[1]
 
 
@@ -282,3 +295,54 @@ def test_the_token_cache_and_event_files_warn_once_when_the_disk_is_full(tmp_pat
         writer.flush()
     warned = [r.getMessage() for r in caplog.records if "TensorBoard" in r.getMessage()]
     assert len(warned) == 1 and "the disk is full" in warned[0], warned
+
+
+@pytest.mark.slow
+def test_evaluation_and_translation_outputs_that_cannot_be_written_stop_in_one_line(
+    uninterrupted_workdir, tmp_path):
+  (tmp_path / "hyp.txt").write_text("a b c\n")
+  (tmp_path / "ref.txt").write_text("a b c\n")
+  (tmp_path / "scores").mkdir()
+  with read_only_view(tmp_path / "scores", tmp_path / "read_only") as view:
+    scored = subprocess.run(
+        [sys.executable, "evaluate.py", f"--hyp_file={tmp_path / 'hyp.txt'}",
+         f"--ref_file={tmp_path / 'ref.txt'}", f"--output_dir={view}"], cwd=REPO,
+        capture_output=True, text=True, timeout=300)
+  assert scored.returncode == 1 and "Traceback" not in scored.stderr, scored.stderr[-3000:]
+  assert scored.stderr.strip().splitlines()[-1].startswith(
+      f"evaluate.py: error: {view}: cannot write: the filesystem is read-only; the run's "
+      "checkpoints are only read"), scored.stderr[-2000:]
+
+  with tmpfs(tmp_path / "disk", "64k") as disk:
+    fill(disk)
+    translated = subprocess.run(
+        [sys.executable, "translate.py", f"--workdir={uninterrupted_workdir}",
+         f"--output={disk / 'out.txt'}"], input="5 6 7 8\n9 10 11 12\n", cwd=REPO,
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert translated.returncode == 1 and "Traceback" not in translated.stderr
+  assert translated.stderr.strip().splitlines()[-1] == (
+      f"translate.py: error: {disk / 'out.txt'}: cannot write: the disk is full (no space left "
+      "on device); the first 0 translations are written there; free space there, then run the "
+      "same command"), translated.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_dry_run_says_whether_the_kept_checkpoints_fit_in_the_workdir(tmp_path):
+  def dry_run(workdir):
+    return subprocess.run(
+        [sys.executable, "train.py", "--config=configs/toy.py", "--dry_run",
+         f"--workdir={workdir}", "--config.keep_checkpoints=3"], cwd=REPO, capture_output=True,
+        text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  roomy = dry_run(tmp_path / "run")
+  assert roomy.returncode == 0, roomy.stderr[-2000:]
+  assert re.search(r"^checkpoints every 500 steps: 3 kept x 2\.\d+ MB = \d\.\d+ MB \(\+2\.\d+ MB "
+                   rf"while one is written\); {tmp_path}/run has .* free, 8\.\d+ MB still "
+                   "needed: fits$", roomy.stdout, re.M), roomy.stdout[-2000:]
+  with tmpfs(tmp_path / "disk", "4m") as disk:
+    small = dry_run(disk / "run")
+  assert small.returncode == 1, small.stderr[-2000:]
+  assert re.search(rf"^train.py: error: checkpoints every 500 steps: 3 kept x .*; {disk}/run has "
+                   r"4\.19 MB free, 8\.\d+ MB still needed: does not fit: free space there, "
+                   r"lower --config.keep_checkpoints, or choose another --workdir$",
+                   small.stderr.strip().splitlines()[-1]), small.stderr[-2000:]

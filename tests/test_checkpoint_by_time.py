@@ -3,6 +3,7 @@ intervals"), with a fake clock: a run saves when the minutes are up, whatever it
 and a run that crashed resumes from its last checkpoint by minutes to the uninterrupted run's
 parameters."""
 import itertools
+import re
 
 import pytest
 
@@ -65,3 +66,22 @@ def test_paper_configs_checkpoint_every_ten_minutes_and_a_run_needs_minutes_or_s
   # The cadence may change on resume: it changes neither the model nor the batches.
   assert not trainer.resume_conflicts({"checkpoint_every_minutes": 10},
                                       {"checkpoint_every_minutes": 5})
+
+
+@pytest.mark.slow
+def test_two_hosts_agree_on_every_checkpoint_by_minutes(tmp_path):
+  """Each host reads its own clock; a checkpoint (one collective save) is due on all of them
+  after the same step, or they would wait for each other inside orbax. Minutes this short make
+  one due at nearly every step, on one host before the other."""
+  from multi_host_launch import launch
+  results = launch(["train.py", "--config=configs/toy.py", f"--workdir={tmp_path}",
+                    "--config.num_train_steps=12", "--config.checkpoint_every_minutes=0.0005",
+                    "--config.checkpoint_every_steps=0", "--config.keep_checkpoints=20",
+                    "--config.log_every_steps=4", "--config.eval_every_steps=1000",
+                    "--config.dataset.toy_eval_examples=10"], 2, 2, timeout=300)
+  for result in results:
+    assert result.returncode == 0, result.stderr[-3000:]
+  digests = [re.search(r"^params_digest: ([0-9a-f]{64})$", r.stdout, re.M).group(1)
+             for r in results]
+  assert digests[0] == digests[1]
+  assert len(checkpoints.finished_steps(str(tmp_path))) > 2  # by the clock, not only the last

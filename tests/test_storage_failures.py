@@ -310,8 +310,8 @@ def test_evaluation_and_translation_outputs_that_cannot_be_written_stop_in_one_l
         capture_output=True, text=True, timeout=300)
   assert scored.returncode == 1 and "Traceback" not in scored.stderr, scored.stderr[-3000:]
   assert scored.stderr.strip().splitlines()[-1].startswith(
-      f"evaluate.py: error: {view}: cannot write: the filesystem is read-only; the run's "
-      "checkpoints are only read"), scored.stderr[-2000:]
+      f"evaluate.py: error: {view}/hyp.txt.scores.json: cannot write: the filesystem is "
+      "read-only; the run's checkpoints are only read"), scored.stderr[-2000:]
 
   with tmpfs(tmp_path / "disk", "64k") as disk:
     fill(disk)

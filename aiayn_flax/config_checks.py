@@ -13,7 +13,8 @@ ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": F
                 "dataset.pad_each_side": False, "dataset.mix_split": "",
                 "dataset.mix_ratio": 0.0, "dataset.mix_epochs": 0, "dataset.silver_files": "",
                 "dataset.silver_min_agreement": 0.0,
-                "dataset.silver_min_log_prob_per_word": -100.0}
+                "dataset.silver_min_log_prob_per_word": -100.0,
+                "model.attention_implementation": "written_out"}
 
 
 def with_added_fields(saved: dict) -> dict:
@@ -76,6 +77,13 @@ def check_config(config) -> None:
            f"(d_model / num_heads per head); or set model.{key}")
   for key in ("dropout_rate", "attention_dropout_rate", "source_token_dropout_rate"):
     _check(0 <= model[key] < 1, f"model.{key}", model[key], "must be in [0, 1)")
+  implementation = model.get("attention_implementation", "written_out")
+  _check(implementation in ("written_out", "cudnn", "xla"), "model.attention_implementation",
+         implementation, "must be 'written_out', 'cudnn' or 'xla'")
+  _check(implementation == "written_out" or model.attention_dropout_rate == 0,
+         "model.attention_dropout_rate", model.attention_dropout_rate,
+         f"must be 0 with model.attention_implementation={implementation} (no attention dropout "
+         "in jax.nn.dot_product_attention)")
   _check(model.positions in ("sinusoidal", "learned"), "model.positions", model.positions,
          "must be 'sinusoidal' or 'learned'")
   _check(model.positions != "sinusoidal" or model.d_model % 2 == 0, "model.d_model",

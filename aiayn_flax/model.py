@@ -163,6 +163,19 @@ def attention(q, k, v, mask, dropout_rate, deterministic, module):
   return jnp.einsum("bhql,bhlv->bqhv", weights.astype(v.dtype), v)  # [B, Q, H, V]
 
 
+def fused_attention(q, k, v, mask, implementation: str):
+  """Equation 1 through jax.nn.dot_product_attention (cuDNN's fused kernel with
+  implementation="cudnn"), for training, where sequences are padded at their end: a key
+  padding mask [B, 1, 1, L] becomes each row's key count, a causal mask [B, 1, Q, L] (the
+  decoder's, whose padding keys follow every real query) `is_causal`. No attention dropout,
+  no weights sown. q, k, v: [B, L, H, K] (not heads-major); returns [B, Q, H, V]."""
+  if mask.shape[-2] == 1:  # padding keys only
+    lengths = jnp.sum(mask[:, 0, 0, :], axis=-1, dtype=jnp.int32)
+    return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths,
+                                        implementation=implementation)
+  return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+
+
 def _heads_major(x):
   """[B, L, H, K] -> [B, H, L, K]."""
   return jnp.swapaxes(x, 1, 2)
@@ -185,18 +198,31 @@ class MultiHeadAttention(nn.Module):
     dense = lambda features, name: nn.DenseGeneral(  # noqa: E731
         features, dtype=dtype, kernel_init=_xavier("embed", "heads", "kv"),
         bias_init=_zeros("heads", "kv"), name=name)
+    fused = cfg.get("attention_implementation", "written_out") != "written_out" and not (
+        deterministic or decode)
+    if fused and cfg.attention_dropout_rate:
+      raise ValueError(f"model.attention_implementation={cfg.attention_implementation} has no "
+                       f"attention dropout: set model.attention_dropout_rate=0 (it is "
+                       f"{cfg.attention_dropout_rate}) or model.attention_implementation="
+                       "written_out")
     if self.is_self_attention:
       qkv = dense((cfg.num_heads, 2 * d_k + d_v), "qkv")(x)  # [B, Q, H, 2K+V]
       q, k, v = jnp.split(qkv, [d_k, 2 * d_k], axis=-1)
+      if fused:
+        return self._output_projection(
+            fused_attention(q, k, v, mask, cfg.attention_implementation))
       k, v = _heads_major(k), _heads_major(v)  # [B, H, Q, K]
       if decode:
         return self._decoding_step(q, k, v, mask, cache_length, position, beams)
       out = attention(q, k, v, mask, cfg.attention_dropout_rate, deterministic, self)
     else:
       q = dense((cfg.num_heads, d_k), "query")(x)  # [N, Q, H, K]
-      project_memory = lambda: tuple(_heads_major(kv) for kv in jnp.split(  # noqa: E731
-          dense((cfg.num_heads, d_k + d_v), "key_value")(memory), [d_k], axis=-1))
-      if decode:  # project the encoder output once, when the cache is created
+      key_value = lambda: jnp.split(  # noqa: E731  [B, S, H, K], [B, S, H, V]
+          dense((cfg.num_heads, d_k + d_v), "key_value")(memory), [d_k], axis=-1)
+      project_memory = lambda: tuple(_heads_major(kv) for kv in key_value())  # noqa: E731
+      if fused:
+        out = fused_attention(q, *key_value(), mask, cfg.attention_implementation)
+      elif decode:  # project the encoder output once, when the cache is created
         def keys_and_transposed_values():  # [B, H, S, K], [B, H, V, S]: see _decoding_attention
           k, v = project_memory()
           return k, jnp.swapaxes(v, 2, 3)

@@ -48,6 +48,9 @@ flags.DEFINE_enum("forms", "auto", ["auto", "before"], "The step's forms: auto, 
                   "picks them (on a GPU: the one-pass loss, Adam on one vector); before: the "
                   "loss by separate reductions, Adam per array and a threefry fold per dropout layer, "
                   "as until 2026-11-28.")
+flags.DEFINE_enum("attention", "written_out", ["written_out", "cudnn", "xla"], "Training's "
+                  "attention (config model.attention_implementation): cudnn is the fused kernel, "
+                  "to be decided on a GPU.")
 flags.DEFINE_string("from_file", "", "With --write_results: the table a device run wrote.")
 flags.DEFINE_bool("write_results", False, "Put the table's rows into docs/RESULTS.md.")
 FLAGS = flags.FLAGS
@@ -102,7 +105,8 @@ def peer_milliseconds(python: str, config, rows: int, length: int, steps: int,
 
 
 def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
-          target_logit: str = "auto", forms: str = "auto") -> str:
+          target_logit: str = "auto", forms: str = "auto",
+          attention: str = "written_out") -> str:
   """One table row for `size`, measured on the first local device."""
   import jax
 
@@ -114,6 +118,7 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
     loss.FORM, optimizer.FORM, model.DROPOUT_SEEDS = "reductions", "per_array", "make_rng"
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
+  config.model.attention_implementation = attention
   plan = dry_run.plan(config)  # for the local devices, "auto" dtype resolved for them
   config.model.dtype = plan["compute_dtype"]
   rows, length = map(int, plan["flops_batch_shape"].split("x"))
@@ -156,7 +161,8 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   mfu = f"{model_flops / steady / peak_flops:.2g}" if peak_flops else "- (no peak known)"
   planned = (f"{plan['step_time_s'] * 1e3:.1f} ({plan['mfu']})" if plan["step_time_s"]
              else "- (no peak known)")
-  label = size if forms == "auto" else f"{size} ({forms})"
+  label = size + "".join(f" ({x})" for x in (forms, attention)
+                         if x not in ("auto", "written_out"))
   ours = (f"| {time.strftime('%Y-%m-%d')} | {jax.device_count()} x {device.device_kind} | "
           f"{label} | {rows} x {length}, {config.model.dtype} | {seconds[0] * 1e3:.1f} | "
           f"{steady * 1e3:.1f} | {planned} | {mfu} | {peak_bytes / 1e9:.2f} ({peak_kind}) / "
@@ -198,7 +204,7 @@ def main(argv):
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
           f"({jax.default_backend()}), jax {jax.__version__}", flush=True)
     rows = [check(FLAGS.sizes[0], FLAGS.steps, FLAGS.trace_dir, FLAGS.peer_python,
-                  FLAGS.target_logit, FLAGS.forms)]
+                  FLAGS.target_logit, FLAGS.forms, FLAGS.attention)]
   else:
     # A process per size, this one never starting jax: the runtime's peak memory counts from
     # the process's start, and a GPU's memory is held by the process that took it.
@@ -207,7 +213,7 @@ def main(argv):
       command = [sys.executable, os.path.abspath(__file__), f"--sizes={size}",
                  f"--steps={FLAGS.steps}", f"--trace_dir={FLAGS.trace_dir}",
                  f"--peer_python={FLAGS.peer_python}", f"--target_logit={FLAGS.target_logit}",
-                 f"--forms={FLAGS.forms}"]
+                 f"--forms={FLAGS.forms}", f"--attention={FLAGS.attention}"]
       process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
       found = []
       for line in process.stdout:  # passed on as it comes: a run cut short keeps its lines

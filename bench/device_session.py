@@ -12,7 +12,8 @@ one fails (its log says why):
    step timed waited for and 20 steps queued with one wait; torch eager and torch.compile beside
    (`--peer_python`, the same interpreter); a trace of 3 steps; XLA's autotuning results saved
    (`autotune.textproto`, for later deviceless compiles: `--xla_gpu_load_autotune_results_from`);
-   then today's forms again with XLA's Triton GEMM off (`--xla_gpu_enable_triton_gemm=false`).
+   then today's forms again with cuDNN's fused attention (`--attention=cudnn`), and with XLA's
+   Triton GEMM off (`--xla_gpu_enable_triton_gemm=false`).
 2. The quick start trained (`configs/multi30k.py`; its steps cut to what fits the time left),
    then test2016 scored by evaluate.py greedy and with beam 4, each timed (sentences per second).
 3. The notebook executed top to bottom (its install cell skipped: INSTALL=False), its
@@ -98,6 +99,13 @@ def main(argv):
   run_part("step_after", [python, "bench/device_check.py", f"--sizes={sizes}", f"--steps={steps}",
                           *peer, f"--trace_dir={FLAGS.out}/trace",
                           f"--out={FLAGS.out}/device_check_after.md"], left(0.3), env, summary)
+
+  # cuDNN's fused attention in training (model.attention_implementation=cudnn).
+  if not FLAGS.rehearse:
+    run_part("step_after_cudnn_attention", [python, "bench/device_check.py", f"--sizes={sizes}",
+                                            "--steps=10", "--attention=cudnn",
+                                            f"--out={FLAGS.out}/device_check_cudnn.md"],
+             left(0.15), env, summary)
 
   # XLA's Triton GEMM off (cuBLAS for every matmul): a flag to decide on a device only.
   no_triton = {**env, "XLA_FLAGS": (env.get("XLA_FLAGS", "")

@@ -190,3 +190,43 @@ ENTRY %main (a: bf16[4,8], b: bf16[8,2]) -> (f32[4]) {
   assert kernels["sum"].largest_operand == 8
   assert [k.name for k in kernel_census.full_vocabulary_passes(counted["kernels"], 8)] == [
       "sum", "r"]
+
+
+@pytest.mark.parametrize("pre_layer_norm", [False, True])
+def test_training_through_dot_product_attention_equals_the_written_out_attention(pre_layer_norm):
+  """model.attention_implementation="xla" runs jax.nn.dot_product_attention with the masks as
+  the cuDNN path passes them (padding as key counts, the decoder's as is_causal): the same
+  training loss and gradients as equation 1 written out, on right-padded batches. ("cudnn"
+  differs only in the implementation argument, which needs a GPU.)"""
+  from aiayn_flax import train_step
+  from configs import toy
+  config = toy.get_config()
+  config.model.update(vocab_size=64, d_model=32, d_ff=64, num_heads=4, num_layers=2,
+                      dropout_rate=0.0, pre_layer_norm=pre_layer_norm)
+  rng = np.random.default_rng(5)
+  batch = {k: rng.integers(4, 64, (3, 9)).astype(np.int32) for k in ("inputs", "targets")}
+  batch["inputs"][0, 5:] = batch["inputs"][2, 2:] = 0  # padded at the end, as bucketed
+  batch["targets"][1, 4:] = batch["targets"][2, 7:] = 0
+  results = []
+  for implementation in ("written_out", "xla"):
+    config.model.attention_implementation = implementation
+    model = train_step.make_model(config)
+    params = train_step.init_params(model, 0)
+    results.append(train_step.loss_and_grads(params, batch, train_step.dropout_key(0),
+                                             model=model, label_smoothing=0.1))
+  (grads, metrics), (fused_grads, fused_metrics) = results
+  np.testing.assert_allclose(fused_metrics["loss_sum"], metrics["loss_sum"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(fused_grads), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_attention_refuses_attention_dropout():
+  from aiayn_flax import train_step
+  from configs import toy
+  config = toy.get_config()
+  config.model.update(attention_implementation="cudnn", attention_dropout_rate=0.1)
+  model = train_step.make_model(config)
+  batch = np.full((2, 4), 5, np.int32)
+  with pytest.raises(ValueError, match="model.attention_dropout_rate=0"):
+    model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, batch, batch,
+               train=True)

@@ -105,7 +105,8 @@ def per_position(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: float):
   fused = lambda x, t: fused_smoothed_nll(x, t, smoothing)  # noqa: E731
   if FORM != "auto":
     return {"reductions": reductions, "fused": fused}[FORM](logits, targets)
-  return jax.lax.platform_dependent(logits, targets, cpu=reductions, default=fused)
+  return jax.lax.platform_dependent(logits, targets, cpu=reductions, tpu=reductions,
+                                    default=fused)
 
 
 def label_smoothed_nll(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: float):
@@ -115,7 +116,9 @@ def label_smoothed_nll(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: flo
   token (the reference included), the definition PyTorch and fairseq use. Its cross-entropy
   is computed from the log-partition and the mean logit, without materialising either the
   smoothed distribution or the [B, T, V] log-probabilities. Padding contributes nothing. On a
-  GPU or TPU the logits are read twice in all (fused_smoothed_nll), on the CPU by reductions.
+  GPU the logits are read twice in all (fused_smoothed_nll); the CPU and TPUs keep the
+  reductions (on a TPU, XLA's cost analysis counted more bytes for the other forms:
+  docs/PERFORMANCE.md).
   """
   with jax.named_scope("loss"):
     loss, nll = per_position(logits, targets, smoothing)  # [B, T] each

@@ -42,17 +42,18 @@ def state_is_whole_on_each_device(config) -> bool:
 
 
 # "auto": the update's form chosen where the step is lowered (per array on the CPU, one vector
-# on a GPU or TPU); a benchmark or test may force "per_array" or "one_vector".
+# on a GPU); a benchmark or test may force "per_array" or "one_vector".
 FORM = "auto"
 
 
 def skip_nonfinite(inner: optax.GradientTransformation,
                    one_vector: bool) -> optax.GradientTransformation:
   """optax.apply_if_finite(inner, max_consecutive_errors=2**31 - 1), with the same state (so
-  checkpoints are the same either way). With `one_vector`, on a GPU or TPU, it runs the update
+  checkpoints are the same either way). With `one_vector`, on a GPU, it runs the update
   on one vector of every gradient and moment: the finite check is one reduction and Adam one
   elementwise pass, where per array they are two kernel launches per parameter array (193 for
-  base); the skip is a select. The CPU keeps optax's form, and its compiled step as it was."""
+  base); the skip is a select. The CPU and TPUs keep optax's form, and their compiled steps as
+  they were."""
   per_array = optax.apply_if_finite(inner, max_consecutive_errors=2**31 - 1)
 
   def update_in_one_vector(updates, state):
@@ -80,6 +81,7 @@ def skip_nonfinite(inner: optax.GradientTransformation,
       return by_array(updates, state)
     if FORM == "one_vector":
       return update_in_one_vector(updates, state)
-    return jax.lax.platform_dependent(updates, state, cpu=by_array, default=update_in_one_vector)
+    return jax.lax.platform_dependent(updates, state, cpu=by_array, tpu=by_array,
+                                    default=update_in_one_vector)
 
   return optax.GradientTransformation(per_array.init, update)

@@ -73,8 +73,8 @@ def apply_gradient_sums(state, grad_sums, metrics, *, schedule, one_vector: bool
 
 def gradients_per_token(grad_sums, tokens, one_vector: bool):
   """The gradient sums divided by the token count, and their L2 norm. With `one_vector` (as
-  optimizer.skip_nonfinite), on a GPU or TPU, computed on one vector of all of them (one
-  kernel for the norm, the division fused into the update); on the CPU per array."""
+  optimizer.skip_nonfinite), on a GPU, computed on one vector of all of them (one
+  kernel for the norm, the division fused into the update); elsewhere per array."""
   def per_array(sums, tokens):
     grads = jax.tree.map(lambda g: g / jnp.maximum(tokens, 1.0), sums)
     return grads, optax.tree.norm(grads)
@@ -88,7 +88,8 @@ def gradients_per_token(grad_sums, tokens, one_vector: bool):
     return per_array(grad_sums, tokens)
   if optimizer.FORM == "one_vector":
     return in_one_vector(grad_sums, tokens)
-  return jax.lax.platform_dependent(grad_sums, tokens, cpu=per_array, default=in_one_vector)
+  return jax.lax.platform_dependent(grad_sums, tokens, cpu=per_array, tpu=per_array,
+                                    default=in_one_vector)
 
 
 def train_step(state, batch, rng, *, model, label_smoothing: float, schedule,

@@ -1,7 +1,8 @@
-"""The GPU/TPU forms of the training step (issue 55): each equals the CPU's form on the CPU, the
-CPU's compiled step is still the CPU's form, and the step compiled for a GPU, deviceless, holds
+"""The GPU forms of the training step (issue 55): each equals the CPU's form on the CPU, the
+CPU's compiled step is still the CPU's form, a TPU's lowered loss the reductions, and the step compiled for a GPU, deviceless, holds
 no more kernels than bench/gpu_census.py counted (docs/PERFORMANCE.md)."""
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -125,6 +126,33 @@ def test_the_cpu_step_is_the_cpu_forms(forms):
   chosen = optimized_program("auto", "auto")
   assert chosen == optimized_program("reductions", "per_array")
   assert chosen != optimized_program("fused", "one_vector")
+
+
+@pytest.mark.slow
+def test_the_loss_is_compiled_in_one_pass_for_a_gpu_alone(forms):
+  """platform_dependent picks the loss's form where it is compiled (deviceless, the `aot`
+  extra): the one-pass form for a GPU, the reductions for a TPU (where XLA's cost analysis
+  counted more bytes for it) and the CPU."""
+  pytest.importorskip("jax_cuda12_plugin")
+  pytest.importorskip("libtpu")
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  from aiayn_flax import accelerator_targets
+
+  def compiled(target, form):
+    loss.FORM = form
+    devices = accelerator_targets.topology_devices(accelerator_targets.target(target))[:1]
+    whole = NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec())
+    logits = jax.ShapeDtypeStruct((4, 8, 64), jnp.bfloat16, sharding=whole)
+    targets = jax.ShapeDtypeStruct((4, 8), jnp.int32, sharding=whole)
+    grad = jax.jit(jax.grad(lambda x, t: loss.label_smoothed_nll(x, t, 0.1)[0]))
+    text = grad.lower(logits, targets).compile().as_text()
+    return [re.sub(r"\.\d+\b", "", line.split(", metadata=")[0]) for line in text.splitlines()
+            if " = " in line]
+
+  assert compiled("gpu-h100x1", "auto") == compiled("gpu-h100x1", "fused")
+  assert compiled("gpu-h100x1", "auto") != compiled("gpu-h100x1", "reductions")
+  assert compiled("tpu-v5e-1", "auto") == compiled("tpu-v5e-1", "reductions")
 
 
 @pytest.mark.slow

@@ -79,7 +79,7 @@ def print_tpu_rows(rows: list[dict]) -> None:
   """A TPU runs its fusions back to back, without a host launch each: what counts there is
   XLA's own cost analysis (FLOPs, bytes accessed)."""
   print(f"\nTarget {FLAGS.target}, one step per call, XLA's cost analysis.\n")
-  print("| size, batch | form | fusions | TFLOP | GB accessed |\n|---|---|---:|---:|---:|")
+  print("| size, batch | form | entry instructions | TFLOP | GB accessed |\n|---|---|---:|---:|---:|")
   for r in rows:
     cost = r["cost"] or {}
     print(f"| {r['size']} {r['shape']} | {r['form']} | {r['kernels']:,} | "

@@ -46,8 +46,8 @@ flags.DEFINE_enum("target_logit", "auto", ["auto", "gather", "select"], "The los
                   "picks it, or one form forced, to measure the two against each other.")
 flags.DEFINE_enum("forms", "auto", ["auto", "before"], "The step's forms: auto, as training "
                   "picks them (on a GPU: the one-pass loss, Adam on one vector); before: the "
-                  "loss by separate reductions, Adam per array and a threefry fold per dropout layer, "
-                  "as until 2026-11-28.")
+                  "loss by separate reductions, Adam per array and a threefry fold per dropout "
+                  "layer, as until 2026-11-28.")
 flags.DEFINE_enum("attention", "written_out", ["written_out", "cudnn", "xla"], "Training's "
                   "attention (config model.attention_implementation): cudnn is the fused kernel, "
                   "to be decided on a GPU.")

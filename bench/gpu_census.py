@@ -16,7 +16,8 @@ gpu-h100x1) on the CPU (no GPU needed: the `aot` extra), reads the optimized pro
   step waited for (docs/RESULTS.md). These are predictions until a lent GPU times them.
 "Before" is the step with the forms it had until 2026-11-28 (the loss by separate reductions,
 Adam per parameter array, a threefry fold per dropout layer); "after" today's (one-pass loss,
-one-vector Adam, dropout seeds from one key), both compiled in this run. On a TPU target it prints XLA's own cost analysis (FLOPs, bytes accessed).
+one-vector Adam, dropout seeds from one key), both compiled in this run. On a TPU target it
+prints XLA's own cost analysis (FLOPs, bytes accessed) instead.
 """
 import os
 import sys
@@ -79,7 +80,8 @@ def print_tpu_rows(rows: list[dict]) -> None:
   """A TPU runs its fusions back to back, without a host launch each: what counts there is
   XLA's own cost analysis (FLOPs, bytes accessed)."""
   print(f"\nTarget {FLAGS.target}, one step per call, XLA's cost analysis.\n")
-  print("| size, batch | form | entry instructions | TFLOP | GB accessed |\n|---|---|---:|---:|---:|")
+  print("| size, batch | form | entry instructions | TFLOP | GB accessed |\n"
+        "|---|---|---:|---:|---:|")
   for r in rows:
     cost = r["cost"] or {}
     print(f"| {r['size']} {r['shape']} | {r['form']} | {r['kernels']:,} | "

@@ -63,8 +63,12 @@ KIB = 1024
 GPUS = {
     "h100": GpuFigures("NVIDIA H100 80GB HBM3", (9, 0), 132, 128, 228 * KIB, 227 * KIB, 2048,
                        80 * GIB, 3_350_000_000_000, 50 * 2**20, 1.98),
+    "h200": GpuFigures("NVIDIA H200", (9, 0), 132, 128, 228 * KIB, 227 * KIB, 2048,
+                       141 * 10**9, 4_800_000_000_000, 50 * 2**20, 1.98),
     "a100": GpuFigures("NVIDIA A100-SXM4-40GB", (8, 0), 108, 64, 164 * KIB, 163 * KIB, 2048,
                        40 * GIB, 1_555_000_000_000, 40 * 2**20, 1.41),
+    "a100_80gb": GpuFigures("NVIDIA A100-SXM4-80GB", (8, 0), 108, 64, 164 * KIB, 163 * KIB,
+                            2048, 80 * GIB, 2_039_000_000_000, 40 * 2**20, 1.41),
     "v100": GpuFigures("Tesla V100-SXM2-16GB", (7, 0), 80, 64, 96 * KIB, 96 * KIB, 2048,
                        16 * GIB, 900_000_000_000, 6 * 2**20, 1.53),
     "t4": GpuFigures("Tesla T4", (7, 5), 40, 64, 64 * KIB, 64 * KIB, 1024, 15 * GIB,
@@ -115,8 +119,8 @@ TARGETS = {t.name: t for t in [
     # (default: the data axis) says which axis crosses the data-center network.
     _tpu("tpu-v5e-16x2", "tpu_v5e", 32, "v5e:4x4", "default", (2, 4, 1), num_slices=2),
     *(Target(f"gpu-{gpu}x{n}", gpu, n, gpu=gpu)
-      for gpu, counts in [("h100", (1, 8)), ("a100", (1, 8)), ("v100", (1, 8)), ("t4", (1,)),
-                          ("l4", (1,))]
+      for gpu, counts in [("h100", (1, 8)), ("h200", (1, 8)), ("a100", (1, 8)),
+                          ("a100_80gb", (1, 8)), ("v100", (1, 8)), ("t4", (1,)), ("l4", (1,))]
       for n in counts),
     # Two nodes of 8 H100s. (XLA's deviceless GPU topology numbers the hosts' processes but
     # gives every device slice_index 0, where a real cluster gives each host its own: the mesh

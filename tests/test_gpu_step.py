@@ -258,3 +258,14 @@ def test_fused_attention_refuses_attention_dropout():
   with pytest.raises(ValueError, match="model.attention_dropout_rate=0"):
     model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, batch, batch,
                train=True)
+
+
+def test_every_gpu_kind_of_a_target_is_a_device_kind_with_its_memory():
+  """An H200 and an A100 80 GB are targets too (the one GPU ever lent was an H200): each GPU
+  target's figures describe the device kind the plan uses, memory included."""
+  from aiayn_flax import accelerator_targets, devices
+  for name in ("gpu-h200x1", "gpu-a100_80gbx8", "gpu-h100x1", "gpu-t4x1"):
+    target = accelerator_targets.target(name)
+    figures = accelerator_targets.GPUS[target.gpu]
+    assert devices.kind(target.kind).memory_bytes == figures.memory_bytes, name
+    assert f"device_memory_size: {figures.memory_bytes}" in figures.target_config()

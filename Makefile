@@ -4,7 +4,8 @@
 #
 # `make quickstart` trains on the accelerator when the host has one, and installs only what
 # that needs: jax's TPU extra on a TPU VM, its CUDA 12 extra where nvidia-smi sees a GPU, plain
-# jax for the CPU otherwise. `ACCELERATOR=cpu` (or tpu, gpu) overrides the guess.
+# jax for the CPU otherwise. `ACCELERATOR=cpu` (or tpu, gpu) overrides the guess. `make install`
+# installs the same and trains nothing (a login node that has no GPU: `ACCELERATOR=gpu`).
 # `make test` installs the test tools and the TPU/GPU compilers of --dry_run --target (the
 # `aot` extra) and runs the tests on the CPU.
 PYTHON ?= python3
@@ -37,7 +38,7 @@ ifeq ($(EXTRA_$(ACCELERATOR))$(JAX_PLATFORM_$(ACCELERATOR)),)
   $(error ACCELERATOR=$(ACCELERATOR): expected tpu, gpu or cpu)
 endif
 
-.PHONY: quickstart test test-fast clean
+.PHONY: install quickstart test test-fast clean
 
 # jax 0.10.2 needs Python >= 3.11; Ubuntu 22.04 (TPU VM images among them) ships 3.10.
 $(VENV)/bin/python:
@@ -54,6 +55,11 @@ $(VENV)/installed-run-$(ACCELERATOR): pyproject.toml $(LOCK) | $(VENV)/bin/pytho
 $(VENV)/installed-test: pyproject.toml $(LOCK) | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[dev,aot]' -c $(LOCK)
 	touch $@
+
+# Install only, train nothing: `make install ACCELERATOR=gpu` on a SLURM login node without a
+# GPU installs the CUDA 12 extra that the GPU nodes' jobs run (docs/MULTI_HOST.md).
+install: $(VENV)/installed-run-$(ACCELERATOR)
+	@echo "make install: .venv has the $(ACCELERATOR) install ('.$(EXTRA_$(ACCELERATOR))', requirements.lock); nothing trained"
 
 # On the CPU, glibc's malloc on transparent huge pages: XLA:CPU's per-call buffers then fault in
 # 2 MiB at a time, fewer faults and less time per step (docs/INSTALL.md#on-a-cpu-malloc-on-huge-pages;

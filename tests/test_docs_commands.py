@@ -27,9 +27,13 @@ def bash_commands(text: str) -> list[list[str]]:
       lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
       lexer.whitespace_split = True
       lexer.commenters = "#"
-      words = []
+      words, redirect = [], False
       for word in lexer:
-        if word in ("&&", "||", ";", "|", "&"):
+        if redirect:  # 2>&1: one redirection, not a command sent to the background
+          words[-1], redirect = words[-1] + word, False
+        elif word == "&" and words and words[-1].endswith(">"):
+          words[-1], redirect = words[-1] + word, True
+        elif word in ("&&", "||", ";", "|", "&"):
           commands.append(words)
           words = []
         else:
@@ -146,6 +150,26 @@ def pip_problems(words: list[str]) -> list[str]:
                      for p in repository_path_problems(w)]
 
 
+BATCH_SCRIPT_USAGE = "usage: sbatch $0 CONFIG WORKDIR [FLAG...]"
+
+
+def sbatch_problems(words: list[str]) -> list[str]:
+  """`sbatch [OPTION=...] SCRIPT CONFIG WORKDIR [FLAG...]`: the script exists, and what it passes
+  on (`train.py --config=CONFIG --workdir=WORKDIR FLAG...`, its usage line) names what exists."""
+  args = [w for w in words if not w.startswith("-")][:1]
+  if not args:
+    return ["sbatch names no script"]
+  script = args[0]
+  rest = words[words.index(script) + 1:]
+  if not (REPO / script).is_file():
+    return [f"no file {script}"]
+  if BATCH_SCRIPT_USAGE not in (REPO / script).read_text():
+    return [f"{script} no longer says {BATCH_SCRIPT_USAGE!r}: update sbatch_problems"]
+  if len(rest) < 2:
+    return [f"{script} needs CONFIG and WORKDIR"]
+  return python_problems(["train.py", f"--config={rest[0]}", f"--workdir={rest[1]}", *rest[2:]])
+
+
 def command_problems(words: list[str]) -> list[str]:
   """What one command names that does not exist ([] for commands not of this repository)."""
   while words and re.match(r"^[A-Z_]+=", words[0]):  # VAR=value before a command
@@ -153,7 +177,9 @@ def command_problems(words: list[str]) -> list[str]:
   if not words:
     return []
   program = words[0]
-  if program in ("gcloud", "srun"):  # the command they run on each host
+  if program == "sbatch":
+    return sbatch_problems(words[1:])
+  if program in ("gcloud", "srun", "mpirun", "nohup"):  # the command they run (on each host)
     if "--command" in words:
       return [p for c in bash_commands(f"```bash\n{words[words.index('--command') + 1]}\n```\n")
               for p in command_problems(c)]
@@ -170,11 +196,12 @@ def command_problems(words: list[str]) -> list[str]:
 
 def test_bash_commands_join_lines_drop_comments_and_split_pipes():
   text = ("intro\n```bash\nA=1 python train.py --config=configs/toy.py \\\n"
-          "    --workdir=w  # a comment\n"
+          "    --workdir=w > log 2>&1 &  # a comment\n"
           "echo \"x # y\" | python translate.py --workdir=w && make test\n```\n"
           "```\npython not_a_command.py\n```\n")
   assert bash_commands(text) == [
-      ["A=1", "python", "train.py", "--config=configs/toy.py", "--workdir=w"],
+      ["A=1", "python", "train.py", "--config=configs/toy.py", "--workdir=w", ">", "log",
+       "2>&1"],
       ["echo", "x # y"], ["python", "translate.py", "--workdir=w"], ["make", "test"]]
 
 
@@ -190,6 +217,12 @@ def test_bash_commands_join_lines_drop_comments_and_split_pipes():
     ("pip install -e '.[tpuu]' -c requirements.lock", "pyproject.toml has no extra [tpuu]"),
     ("gcloud compute tpus tpu-vm ssh N --command \"cd a && python train.py --workdr=gs://b\"",
      "train.py has no flag --workdr"),
+    ("gcloud compute tpus tpu-vm ssh N --command \"cd a && nohup .venv/bin/python train.py "
+     "--config=configs/bigg.py > log &\"", "no file configs/bigg.py"),
+    ("sbatch --nodes=2 scripts/slurm/train.sbatch configs/big.py /w --config.dataset.data_dirr=d",
+     "configs/big.py has no field dataset.data_dirr"),
+    ("sbatch scripts/slurm/trian.sbatch configs/big.py /w", "no file scripts/slurm/trian.sbatch"),
+    ("make install ACCELERATR=gpu", "the Makefile has no variable ACCELERATR"),
 ])
 def test_a_misspelt_name_is_found(command, problem):
   [words] = bash_commands(f"```bash\n{command}\n```\n")
@@ -230,3 +263,120 @@ def test_the_documented_dry_runs_run(args):
   result = run_script(*args)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "num_train_steps:" in result.stdout or "| base |" in result.stdout, result.stdout[-2000:]
+
+
+# The install and launch lines of the pages a newcomer follows onto several hosts.
+LAUNCH_PAGES = [REPO / "README.md", REPO / "docs" / "MULTI_HOST.md"]
+# Commands these pages may give that are not this repository's (nothing of ours to check).
+SHELL_TOOLS = {"cd", "curl", "sh", "source", "git", "tail", "kill", "scancel", "echo",
+               "tensorboard"}
+# Placeholders: bare capitals, one name per thing on every page; `$NAME` only for a shell
+# variable that the page sets (REPO=...) or the environment has.
+PLACEHOLDERS = {"BUCKET": "a Cloud Storage bucket", "NAME": "the TPU VM or pod slice",
+                "ZONE": "its zone", "OWNER": "the repository's owner",
+                "JOBID": "a SLURM job's id"}
+ENVIRONMENT = {"HOME"}
+NOT_PLACEHOLDERS = {"TERM"}  # a signal's name
+
+
+def page_commands(page: pathlib.Path) -> list[list[str]]:
+  """The page's commands, and the commands that gcloud ... --command runs on the hosts."""
+  commands = []
+  for words in bash_commands(page.read_text(encoding="utf-8")):
+    commands.append(words)
+    if "--command" in words:
+      commands += bash_commands(f"```bash\n{words[words.index('--command') + 1]}\n```\n")
+  return commands
+
+
+def placeholder_problems(commands: list[list[str]]) -> list[str]:
+  words = [w for c in commands for w in c]
+  assigned = {m for w in words for m in re.findall(r"^([A-Z_][A-Z0-9_]*)=", w)}
+  problems = []
+  for word in words:
+    for name in re.findall(r"\$\{?([A-Za-z_]\w*)", word):
+      if name not in assigned | ENVIRONMENT:
+        problems.append(f"{word}: ${name} is neither set on the page nor the environment's; "
+                        f"a placeholder is a bare capital name ({', '.join(PLACEHOLDERS)})")
+    for name in re.findall(r"(?<![$\w])([A-Z][A-Z0-9_]*[A-Z0-9])(?!\w)", word):
+      if name not in set(PLACEHOLDERS) | assigned | ENVIRONMENT | NOT_PLACEHOLDERS:
+        problems.append(f"{word}: {name} is not a placeholder of {', '.join(PLACEHOLDERS)}")
+    problems += [f"{word}: {m} is a placeholder in another style (a bare capital name)"
+                 for m in re.findall(r"<[A-Za-z_][\w -]*>|\{[a-z_]+\}|\b[Yy]our[-_]\w+", word)]
+  return problems
+
+
+@pytest.mark.parametrize("words, problem", [
+    (["gcloud", "ssh", "$TPU", "--zone=ZONE"], "$TPU is neither set"),
+    (["python", "evaluate.py", "--workdir=gs://<bucket>/base"], "<bucket> is a placeholder"),
+    (["python", "evaluate.py", "--workdir=gs://YOUR_BUCKET/base"], "YOUR_BUCKET is not a placeholder"),
+    (["tail", "-f", "aiayn-train-{jobid}.out"], "{jobid} is a placeholder"),
+])
+def test_a_placeholder_in_another_style_is_found(words, problem):
+  problems = placeholder_problems([words])
+  assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_a_variable_the_page_sets_and_the_named_placeholders_pass():
+  assert not placeholder_problems([
+      ["REPO=https://github.com/OWNER/aiayn_flax.git"], ["git", "clone", "$REPO"],
+      ["source", "$HOME/.local/bin/env"], ["scancel", "--signal=TERM", "JOBID"],
+      ["python", "train.py", "--workdir=gs://BUCKET/big"]])
+
+
+@pytest.mark.parametrize("page", LAUNCH_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_install_and_launch_lines_name_placeholders_in_one_style(page):
+  problems = placeholder_problems(page_commands(page))
+  assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("page", LAUNCH_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_install_and_launch_line_is_one_this_test_checks(page):
+  """No command of these pages escapes command_problems as `not of this repository`, unless it
+  is a shell tool with nothing of ours in it."""
+  checked = {"python", "make", "pip", "uv", "gcloud", "srun", "sbatch", "mpirun", "nohup"}
+  unchecked = []
+  for words in page_commands(page):
+    while words and re.match(r"^[A-Z_]+=", words[0]):
+      words = words[1:]
+    if words and not (PYTHONS.match(words[0]) or words[0] in checked | SHELL_TOOLS):
+      unchecked.append(" ".join(words))
+  assert not unchecked, "\n".join(unchecked)
+
+
+def commands_with(commands: list[list[str]], *parts: str) -> list[list[str]]:
+  return [c for c in commands if all(any(p in w for w in c) for p in parts)]
+
+
+def test_the_pod_slice_lines_install_on_every_worker_prepare_once_follow_and_stop():
+  """README's pod-slice block, in order: install on every worker, the data once, the detached
+  launch on every worker, its log followed, and the signal that stops it."""
+  blocks = re.findall(r"^```bash\n(.*?)^```", (REPO / "README.md").read_text(),
+                      re.MULTILINE | re.DOTALL)
+  [pod] = [b for b in blocks if "--worker=all" in b]
+  hosts = [(c[c.index("--command") - 1], c[c.index("--command") + 1]) for c in
+           bash_commands(f"```bash\n{pod}```\n") if c[0] == "gcloud"]
+  steps = [("--worker=all", "pip install --python .venv/bin/python -e '.[tpu]' -c requirements.lock"),
+           ("--worker=0", "--prepare_data"), ("--worker=all", "nohup .venv/bin/python train.py"),
+           ("--worker=0", "tail -f aiayn_flax/train.log"), ("--worker=all", "kill -TERM")]
+  assert len(hosts) == len(steps), hosts
+  for (worker, command), (expected_worker, expected) in zip(hosts, steps):
+    assert worker == expected_worker and expected in command, (worker, command)
+  launch = hosts[2][1]
+  data_dir = re.search(r"--config\.dataset\.data_dir=(\S+)", hosts[1][1]).group(1)
+  assert f"--config.dataset.data_dir={data_dir}" in launch  # prepared where the run reads it
+
+
+def test_the_slurm_path_installs_the_gpu_extra_on_a_login_node_and_trains_nothing_there():
+  commands = page_commands(REPO / "docs" / "MULTI_HOST.md")
+  assert ["make", "install", "ACCELERATOR=gpu"] in commands
+  assert not commands_with(commands, "quickstart")  # it trains Multi30k on the login node's CPU
+  [prepare] = commands_with(commands, "train.py", "--prepare_data", "/shared/")
+  [submit] = [c for c in commands if c[0] == "sbatch"]
+  data_dir = next(w for w in prepare if w.startswith("--config.dataset.data_dir="))
+  assert data_dir in submit
+  for follow_or_stop in ("tail", "tensorboard", "scancel"):
+    assert [c for c in commands if c[0] == follow_or_stop], follow_or_stop
+  assert "make install ACCELERATOR=gpu" in (REPO / "scripts/slurm/train.sbatch").read_text()
+  readme = " ".join((REPO / "README.md").read_text().split())
+  assert "`make install ACCELERATOR=gpu`" in readme and "make quickstart` or" not in readme

@@ -106,3 +106,16 @@ def test_quickstart_starts_malloc_on_huge_pages_on_the_cpu_only(
   assert len(commands) == 3
   for command in commands:
     assert command.startswith(f"{expected}{tmp_path / 'venv'}/bin/python "), command
+
+
+@pytest.mark.parametrize("host", ["cpu", "gpu"])
+def test_install_accelerator_gpu_installs_the_cuda_extra_and_trains_nothing(tmp_path, host):
+  """A SLURM login node has no GPU: `make install ACCELERATOR=gpu` there installs what the GPU
+  nodes' jobs run, and neither trains nor scores (docs/MULTI_HOST.md)."""
+  result = make("-n", "install", "ACCELERATOR=gpu", f"VENV={tmp_path / 'venv'}",
+                env=host_env(tmp_path, host))
+  assert result.returncode == 0, result.stderr
+  assert "-m pip install -q -e '.[cuda12]' -c requirements.lock" in result.stdout
+  assert "aot" not in result.stdout
+  assert " train.py " not in result.stdout and " evaluate.py " not in result.stdout
+  assert "make install: .venv has the gpu install" in result.stdout

@@ -3,6 +3,7 @@ papermill does: a cell inserted after the one tagged `parameters`. Its install d
 cell) is checked for each runtime without running pip."""
 import pathlib
 import stat
+import sys
 
 import nbclient
 import nbformat
@@ -136,3 +137,67 @@ def test_notebook_trains_translates_draws_and_scores(shared_data, tmp_path, monk
   assert (workdir / "training_curves.png").stat().st_size > 0
   assert sorted(p.name for p in (workdir / "attention").iterdir()) == [
       "cross_layer1_heads.png", "encoder_layer1_heads.png"]
+
+
+def tagged_cell(tag: str) -> str:
+  notebook = nbformat.read(NOTEBOOK, as_version=4)
+  [source] = [cell.source for cell in notebook.cells
+              if tag in cell.get("metadata", {}).get("tags", [])]
+  return source
+
+
+@pytest.mark.parametrize("num_steps, expected", [(0, 100_000), (None, 100_000), (30, 30)])
+def test_the_config_chosen_keeps_its_own_steps_unless_num_steps_is_set(num_steps, expected,
+                                                                       monkeypatch):
+  """Choosing configs/base.py trains base's 100k steps; NUM_STEPS=N trains N."""
+  monkeypatch.chdir(REPO)
+  namespace = dict(CONFIG="configs/base.py", NUM_STEPS=num_steps, CONFIG_OVERRIDES={},
+                   EVAL_SENTENCES=0)
+  exec(compile(tagged_cell("configuration"), "configuration cell", "exec"), namespace)  # pylint: disable=exec-used
+  assert namespace["config"].num_train_steps == expected
+
+
+def test_the_stored_parameters_keep_the_configs_own_steps():
+  namespace = {}
+  exec(compile(tagged_cell("parameters"), "parameters cell", "exec"), namespace)  # pylint: disable=exec-used
+  assert not namespace["NUM_STEPS"]
+
+
+@pytest.mark.parametrize("workdir, storage", [
+    ("/content/drive/MyDrive/aiayn/base", "drive"), ("gs://bucket/base", "gcs"),
+    ("runs/multi30k_notebook", "local"), ("/content/runs/base", "local")])
+def test_workdir_storage(workdir, storage):
+  assert first_cell_namespace()["workdir_storage"](workdir) == storage
+
+
+class FakeColab:
+  """google.colab's drive and auth, recording what the storage cell asks of them."""
+
+  def __init__(self):
+    self.calls = []
+    self.drive = type("drive", (), {"mount": lambda path: self.calls.append(("mount", path))})
+    self.auth = type("auth", (), {"authenticate_user": lambda: self.calls.append(("auth",))})
+
+
+@pytest.mark.parametrize("workdir, calls", [
+    ("/content/drive/MyDrive/aiayn/base", [("mount", "/content/drive")]),
+    ("gs://bucket/base", [("auth",)]), ("runs/multi30k_notebook", [])])
+def test_the_storage_cell_mounts_drive_or_authenticates_only_when_the_workdir_asks(
+    workdir, calls, monkeypatch):
+  colab = FakeColab()
+  google = type(sys)("google")
+  google.colab = type(sys)("google.colab")
+  google.colab.drive, google.colab.auth = colab.drive, colab.auth
+  monkeypatch.setitem(sys.modules, "google", google)
+  monkeypatch.setitem(sys.modules, "google.colab", google.colab)
+  namespace = first_cell_namespace() | {"WORKDIR": workdir}
+  exec(compile(tagged_cell("storage"), "storage cell", "exec"), namespace)  # pylint: disable=exec-used
+  assert colab.calls == calls
+
+
+def test_the_notebook_says_what_it_was_run_on():
+  notebook = nbformat.read(NOTEBOOK, as_version=4)
+  text = " ".join(notebook.cells[0].source.split())
+  assert "What this notebook has been run on:** the CPU only, headless, by " \
+         "`tests/test_notebook.py`" in text
+  assert "not been run on Colab, on a GPU or TPU runtime" in text

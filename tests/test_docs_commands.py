@@ -266,10 +266,10 @@ def test_the_documented_dry_runs_run(args):
 
 
 # The install and launch lines of the pages a newcomer follows onto several hosts.
-LAUNCH_PAGES = [REPO / "README.md", REPO / "docs" / "MULTI_HOST.md"]
+LAUNCH_PAGES = [REPO / "README.md", REPO / "docs" / "MULTI_HOST.md", REPO / "docs" / "INSTALL.md"]
 # Commands these pages may give that are not this repository's (nothing of ours to check).
 SHELL_TOOLS = {"cd", "curl", "sh", "source", "git", "tail", "kill", "scancel", "echo",
-               "tensorboard"}
+               "tensorboard", "export"}
 # Placeholders: bare capitals, one name per thing on every page; `$NAME` only for a shell
 # variable that the page sets (REPO=...) or the environment has.
 PLACEHOLDERS = {"BUCKET": "a Cloud Storage bucket", "NAME": "the TPU VM or pod slice",

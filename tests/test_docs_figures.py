@@ -129,7 +129,8 @@ FIGURES = {
                                      r"busy: (\d+\.\d+) GiB")]),
     "WMT14 EN-DE, GB downloaded (tfds' archives)": (
         ("docs/MULTI_HOST.md", r"the WMT dev sets 39 MB: (\d+\.\d+) GB\) and prepares 4\.5M pairs"),
-        [("README.md", r"prepare WMT14 once \((\d+\.\d+) GB\s+downloaded")]),
+        [("README.md", r"prepare WMT14 once \((\d+\.\d+) GB\s+downloaded"),
+         ("docs/TRAIN.md", r"(\d+\.\d+) GB downloaded")]),
     "Checkpoints the quick start's scores average": (
         ("configs/multi30k.py", r"c\.average_last_checkpoints = (\d+)"),
         [("Makefile", r"# greedy, then the paper's recipe \(beam 4\), both on the last (\d+) "

@@ -194,11 +194,15 @@ class Gpu:
 # NVIDIA's datasheets (SXM): 989 TFLOP/s dense bf16 for both; HBM3 3.35 TB/s, HBM3e 4.8 TB/s.
 H100 = Gpu("H100 SXM", 989e12, 3.35e12)
 H200 = Gpu("H200 SXM", 989e12, 4.8e12)
+# The one measured row (docs/RESULTS.md, "On an accelerator"): base at 976 x 32 on an H200, each
+# step waited for.
+MEASURED_H200_BASE = {"launches": 1657, "kernels_ms": 46.2, "step_ms": 58.5}
 # What a kernel costs at least, however small (launch latency and the tail of its blocks), and
-# what the host spends launching one; the second from the measured H200 row: a step waited for
-# took 58.5 ms with 46.2 ms of kernels and 1,657 launches, 7.4 us a launch not hidden.
+# what the host spends launching one, from that row: the step's time beyond its kernels per
+# launch (7.4 us), not hidden when each step is waited for.
 MIN_KERNEL_SECONDS = 2e-6
-HOST_LAUNCH_SECONDS = (58.5e-3 - 46.2e-3) / 1657
+_BEYOND_KERNELS_MS = MEASURED_H200_BASE["step_ms"] - MEASURED_H200_BASE["kernels_ms"]
+HOST_LAUNCH_SECONDS = _BEYOND_KERNELS_MS * 1e-3 / MEASURED_H200_BASE["launches"]
 
 
 def roofline_ms(kernels: list[Kernel], gpu: Gpu) -> dict[str, float]:

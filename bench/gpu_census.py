@@ -40,7 +40,6 @@ FLAGS = flags.FLAGS
 # issue 55 (343 x 8) and base at the plan's batch on one H100 (976 x 32).
 SIZES = {"quickstart": ("configs.multi30k", 8), "quickstart_128": ("configs.multi30k", 128),
          "base": ("configs.base", 32)}
-MEASURED_H200 = {"base": {"launches": 1657, "kernels_ms": 46.2, "step_ms": 58.5}}
 
 
 def set_forms(form: str) -> None:
@@ -109,8 +108,9 @@ def print_rows(rows: list[dict]) -> None:
     if {"before", "after"} <= set(by_form):
       before, after = by_form["before"]["kernels"], by_form["after"]["kernels"]
       print(f"\n{size}: {before:,} -> {after:,} kernels ({1 - after / before:.0%} fewer)")
-    if size in MEASURED_H200 and "before" in by_form:
-      measured, predicted = MEASURED_H200[size], by_form["before"]["H200 SXM"]
+    if size == "base" and "before" in by_form:
+      measured = kernel_census.MEASURED_H200_BASE
+      predicted = by_form["before"]["H200 SXM"]
       print(f"{size}, before, on the H200: measured {measured['launches']:,} launches, "
             f"{measured['kernels_ms']} ms of kernels, {measured['step_ms']} ms a step waited for; "
             f"counted {by_form['before']['kernels']:,} kernels, roofline {predicted['kernels']:.1f}"

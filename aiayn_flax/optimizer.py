@@ -4,6 +4,8 @@ import jax.flatten_util
 import jax.numpy as jnp
 import optax
 
+from aiayn_flax import sharding
+
 
 def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
   """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
@@ -37,8 +39,7 @@ def state_is_whole_on_each_device(config) -> bool:
   """Whether every device holds the whole optimizer state (data parallelism alone): then the
   update can run on one vector of all parameters. Sharded (fsdp, a `model` axis), it keeps
   each array apart, as its shards lie."""
-  model_axis = [part for part in config.mesh.split(",") if part.split(":")[0].strip() == "model"]
-  return not config.fsdp and all(part.split(":")[1].strip() == "1" for part in model_axis)
+  return not config.fsdp and sharding.mesh_axis_sizes(config.mesh).get("model", 1) == 1
 
 
 # "auto": the update's form chosen where the step is lowered (per array on the CPU, one vector

@@ -28,14 +28,20 @@ FSDP_RULES = (("heads", "model"), ("mlp", "model"), ("vocab", "model"), ("kv", N
               ("embed", "data"))
 
 
-def parse_mesh(spec: str, num_devices: int) -> dict[str, int]:
-  """"data:4,model:2" -> {"data": 4, "model": 2}; one size may be -1 (the remaining devices)."""
+def mesh_axis_sizes(spec: str) -> dict[str, int]:
+  """"data:-1,model:2" -> {"data": -1, "model": 2}, as written (-1: the remaining devices)."""
   axes = {}
   for part in spec.split(","):
     name, _, size = part.partition(":")
     if not name or not size.lstrip("-").isdigit():
       raise ValueError(f"config.mesh={spec!r}: expected 'axis:size,...' such as 'data:-1'")
     axes[name.strip()] = int(size)
+  return axes
+
+
+def parse_mesh(spec: str, num_devices: int) -> dict[str, int]:
+  """"data:4,model:2" -> {"data": 4, "model": 2}; one size may be -1 (the remaining devices)."""
+  axes = mesh_axis_sizes(spec)
   if "data" not in axes:
     raise ValueError(f"config.mesh={spec!r}: needs a 'data' axis")
   known = int(np.prod([s for s in axes.values() if s != -1]))

@@ -31,7 +31,8 @@ from absl import app, flags
 flags.DEFINE_string("out", "/tmp/device_session", "Where the tables, logs and traces go.")
 flags.DEFINE_bool("rehearse", False, "A rehearsal on the CPU: the quick start only, a few steps "
                   "of each part, small decoding (minutes on 2 cores).")
-flags.DEFINE_string("data_dir", ".device_data", "A folder holding multi30k/ (AIAYN_DATA_DIR).")
+flags.DEFINE_string("data_dir", ".device_data", "A folder holding multi30k/ (AIAYN_DATA_DIR); "
+                    "without it Multi30k is downloaded.")
 flags.DEFINE_integer("budget_s", 570, "Seconds for the whole session; each part gets a share.")
 FLAGS = flags.FLAGS
 
@@ -79,7 +80,12 @@ def main(argv):
   del argv
   os.makedirs(FLAGS.out, exist_ok=True)
   data_dir = os.path.abspath(os.path.join(REPO, FLAGS.data_dir))
-  env = {**os.environ, "AIAYN_DATA_DIR": data_dir, "TF_CPP_MIN_LOG_LEVEL": "2"}
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+  if os.path.isdir(os.path.join(data_dir, "multi30k")):  # carried; else Multi30k is downloaded
+    env["AIAYN_DATA_DIR"] = data_dir
+  else:
+    print(f"{data_dir}/multi30k not found: Multi30k will be downloaded (needs the network)")
+    data_dir = ""
   if FLAGS.rehearse:
     env["JAX_PLATFORMS"] = "cpu"
   else:

@@ -79,11 +79,12 @@ def score_existing_translation() -> None:
 
 def translate_and_score() -> None:
   import jax
-  from aiayn_flax import paths, process_zero, provenance, run_dir, scoring, sharding, tasks
+  from aiayn_flax.runtime import paths, process_zero, provenance
+  from aiayn_flax import run_dir, scoring, sharding, tasks
   from aiayn_flax.data import text_files
-  from aiayn_flax import compilation_cache
+  from aiayn_flax.runtime import compilation_cache
   from aiayn_flax.translator import Translator
-  from aiayn_flax import host_agreement
+  from aiayn_flax.runtime import host_agreement
   # Every host reads the run's config: one that cannot (a workdir it does not see) stops all.
   config = host_agreement.on_every_host("the run's config",
                                         lambda: run_dir.load_config(FLAGS.workdir))
@@ -150,7 +151,7 @@ def translate_and_score() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
+  from aiayn_flax.runtime.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   if not (FLAGS.hyp_file or FLAGS.workdir):
     raise app.UsageError("give --workdir (to translate and score) or --hyp_file and --ref_file")
@@ -158,13 +159,13 @@ def main(argv):
     if FLAGS.hyp_file:
       score_existing_translation()
     else:
-      from aiayn_flax import cluster
+      from aiayn_flax.runtime import cluster
       cluster.initialize_distributed()  # launched on every worker: join the others first
       translate_and_score()
   except (FileNotFoundError, ValueError) as e:  # bad input: one line that says what to do
     sys.exit(f"evaluate.py: error: {e}")
   except OSError as e:  # the outputs could not be written (a full disk, a read-only folder)
-    from aiayn_flax import storage_errors
+    from aiayn_flax.runtime import storage_errors
     failure = storage_errors.write_failure(
         e, FLAGS.output_dir or FLAGS.workdir or FLAGS.hyp_file,
         "the run's checkpoints are only read, never changed (or pass --output_dir=DIR)")
@@ -174,6 +175,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from aiayn_flax import huge_pages
+  from aiayn_flax.runtime import huge_pages
   huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? (set from outside: no restart)
   app.run(main)

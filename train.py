@@ -29,8 +29,9 @@ config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/base.
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics.")
 flags.DEFINE_bool("dry_run", False, "Print the run's plan and exit without training.")
 flags.DEFINE_string("target", None, "With --dry_run: also compile the run's programs for this "
-                    "accelerator (e.g. tpu-v4-8, gpu-h100x8; aiayn_flax/accelerator_targets.py) "
-                    "and print the memory XLA reports; needs pip install -e '.[aot]'.")
+                    "accelerator (e.g. tpu-v4-8, gpu-h100x8; "
+                    "aiayn_flax/planning/accelerator_targets.py) and print the memory XLA "
+                    "reports; needs pip install -e '.[aot]'.")
 flags.DEFINE_bool("prepare_data", False, "Download and prepare the config's tfds dataset into "
                   "config.dataset.data_dir (e.g. gs://BUCKET/tensorflow_datasets) and exit: once, "
                   "on any machine, before a run on several hosts.")
@@ -43,17 +44,19 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
+  from aiayn_flax.runtime.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   # After flag parsing: keeps --help fast.
-  from aiayn_flax import cluster, compilation_cache, dry_run, trainer, workdir_lease
+  from aiayn_flax.runtime import cluster, compilation_cache, workdir_lease
+  from aiayn_flax.planning import dry_run
+  from aiayn_flax.training import checkpoint_room, trainer
   config = FLAGS.config
   if FLAGS.dry_run:
     if FLAGS.target:
       compiled_dry_run(config, FLAGS.target)
     else:
       print(dry_run.plan_text(config))
-    checkpoints_line, fits = trainer.planned_checkpoints_line(config, FLAGS.workdir)
+    checkpoints_line, fits = checkpoint_room.planned_checkpoints_line(config, FLAGS.workdir)
     if not fits:  # the kept checkpoints' bytes against the workdir's free space
       sys.exit(f"train.py: error: {checkpoints_line}")
     print(checkpoints_line)
@@ -62,7 +65,7 @@ def main(argv):
     from aiayn_flax import tasks
     print(tasks.for_config(config).prepare_data(config))
     return
-  from aiayn_flax import host_agreement
+  from aiayn_flax.runtime import host_agreement
   try:
     cluster.initialize_distributed()  # a multi-host slice: join the other processes first
     # A host whose config file failed to load has joined too, to say so (stop_every_host).
@@ -105,7 +108,7 @@ def check_backend(config) -> str | None:
 def compiled_dry_run(config, target_name: str) -> None:
   """The analytic plan for the target's devices, then the compiled one; exits non-zero with
   one line when the target is unknown or the run does not fit."""
-  from aiayn_flax import accelerator_targets, compiled_plan, dry_run
+  from aiayn_flax.planning import accelerator_targets, compiled_plan, dry_run
   try:
     target = accelerator_targets.target(target_name)
   except ValueError as e:
@@ -161,13 +164,14 @@ def stop_every_host(message: str, argv: list[str]) -> None:
   processes that will train, this one joins the others first and hands them its error, so that
   every host stops at once in one line (a config file missing from one host's disk), where the
   others would wait for it until JAX's start-up timeout (300 s)."""
-  from aiayn_flax import cluster  # (jax only where a launch may join: a typo stays one line)
+  # (jax only where a launch may join: a typo stays one line)
+  from aiayn_flax.runtime import cluster
   trains = not any(arg.split("=", 1)[0] in ("--dry_run", "--prepare_data")
                    and arg.split("=", 1)[-1].lower() not in ("false", "0") for arg in argv)
   try:
     if trains and cluster.maybe_launched_with_others(os.environ) and cluster.join_arguments(
         os.environ, cluster.launched_process_count()) is not None:
-      from aiayn_flax import host_agreement
+      from aiayn_flax.runtime import host_agreement
       cluster.initialize_distributed()
       host_agreement.stop_if_any_failed("--config", message.removeprefix("train.py: error: "))
   except Exception:  # noqa: BLE001 - no joining (NotJoined, ...): this host's line alone
@@ -197,6 +201,6 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-  from aiayn_flax import huge_pages
+  from aiayn_flax.runtime import huge_pages
   huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? (set from outside: no restart)
   app.run(main, flags_parser=parse_flags)

@@ -92,7 +92,7 @@ def input_lines(path: str) -> list[str]:
   """Every line of --input, read by process 0 and handed to the others (their disks may not
   hold the file, or hold another one). A file process 0 cannot read stops every process, in
   one line naming it, before any model is loaded."""
-  from aiayn_flax import process_zero
+  from aiayn_flax.runtime import process_zero
 
   def read():
     try:
@@ -112,12 +112,13 @@ def one_line(text: str) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
+  from aiayn_flax.runtime.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   try:
     import jax
-    from aiayn_flax import cluster, run_dir, sharding, tasks
-    from aiayn_flax import compilation_cache
+    from aiayn_flax.runtime import cluster
+    from aiayn_flax import run_dir, sharding, tasks
+    from aiayn_flax.runtime import compilation_cache
     from aiayn_flax.translator import Translator
     cluster.initialize_distributed()  # launched on every worker: join the others first
     if jax.process_count() > 1:
@@ -125,7 +126,7 @@ def main(argv):
         raise ValueError(f"on {jax.process_count()} processes, give --input (a file process 0 "
                          "reads) and --output, or run on one host for standard input")
       source = input_lines(FLAGS.input)  # first: a missing file stops every process at once
-    from aiayn_flax import host_agreement
+    from aiayn_flax.runtime import host_agreement
     # Every host reads the run's config: one that cannot (a workdir it does not see) stops all.
     config = host_agreement.on_every_host("the run's config",
                                           lambda: run_dir.load_config(FLAGS.workdir))
@@ -183,7 +184,7 @@ def main(argv):
 
 def write_error(error: OSError, lines_written: int) -> str:
   """One line for a failed write of --output, or the error itself when it is not one."""
-  from aiayn_flax import storage_errors
+  from aiayn_flax.runtime import storage_errors
   failure = storage_errors.write_failure(
       error, FLAGS.output or "<stdout>",
       f"the first {lines_written} translations are written there")
@@ -193,6 +194,6 @@ def write_error(error: OSError, lines_written: int) -> str:
 
 
 if __name__ == "__main__":
-  from aiayn_flax import huge_pages
+  from aiayn_flax.runtime import huge_pages
   huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? (set from outside: no restart)
   app.run(main)

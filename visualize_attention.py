@@ -40,7 +40,7 @@ def parse_head(text: str) -> int | None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
+  from aiayn_flax.runtime.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   try:
     from aiayn_flax import attention_maps, run_dir

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from aiayn_flax import (checkpoints, config_checks, host_agreement, paths, process_zero,
-                        train_step)
+from aiayn_flax.runtime import checkpoints, host_agreement, paths, process_zero
+from aiayn_flax import config_checks, train_step
 from aiayn_flax.data import pipeline
 
 

@@ -20,7 +20,7 @@ accelerators would gain.
 Host malloc on huge pages is the environment's setting (start the script with
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 on a CPU, as `make quickstart` does;
 docs/INSTALL.md#on-a-cpu-malloc-on-huge-pages); the script never restarts itself for it and
-says in one log line (aiayn_flax/huge_pages.py) whether it is on.
+says in one log line (aiayn_flax/runtime/huge_pages.py) whether it is on.
 """
 import os
 import re
@@ -183,6 +183,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from aiayn_flax import huge_pages
+  from aiayn_flax.runtime import huge_pages
   huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? the environment's setting
   app.run(main)

@@ -17,14 +17,14 @@ logits over the whole vocabulary (an exact log-softmax needs all of them). So on
 the ratio bounds beam k / greedy per decoding step from below, whatever the search does
 around it. For reference, the script also times the output layer's matmul alone ([rows, d_model]
 x [d_model, vocab], XLA's dot) at both row counts, and a self-attention step alone in both of
-model.py's forms (`_decoding_attention`'s batched dots, `_beam_attention`'s broadcast
+attention.py's forms (`_decoding_attention`'s batched dots, `_beam_attention`'s broadcast
 products) with one query and with `beam` queries per sentence, each on its own cache layout.
 It prints each step's analytic FLOPs and the rate they run at.
 
 Host malloc on huge pages is the environment's setting (start the script with
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 on a CPU, as `make quickstart` does;
 docs/INSTALL.md#on-a-cpu-malloc-on-huge-pages); the script never restarts itself for it and
-says whether it is on in one log line and its first printed line (aiayn_flax/huge_pages.py).
+says whether it is on in one log line and its first printed line (aiayn_flax/runtime/huge_pages.py).
 """
 import functools
 import os
@@ -111,18 +111,18 @@ def attention_forms(batch: int, heads: int, d_k: int, beams: int) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from aiayn_flax import model as model_lib
+  from aiayn_flax import attention
   rng = np.random.default_rng(0)
   slots = CACHE_LENGTH * beams
   q = jnp.asarray(rng.normal(size=(batch, beams, heads, d_k)), jnp.float32)
   keys = jnp.asarray(rng.normal(size=(batch, heads, slots, d_k)), jnp.float32)
   values = jnp.asarray(rng.normal(size=(batch, heads, slots, d_k)), jnp.float32)
   mask = jnp.asarray(rng.random((batch, 1, beams, slots)) < 0.7)
-  # Each form reads the cache layout model.py keeps for it.
+  # Each form reads the cache layout attention.py keeps for it.
   dots_inputs = (q, keys, jnp.swapaxes(values, 2, 3), mask)
   products_inputs = (q, jnp.swapaxes(keys, 2, 3), values, mask)
-  dots = jax.jit(model_lib._decoding_attention)  # noqa: SLF001
-  products = jax.jit(model_lib._beam_attention)  # noqa: SLF001
+  dots = jax.jit(attention._decoding_attention)  # noqa: SLF001
+  products = jax.jit(attention._beam_attention)  # noqa: SLF001
   return {"batched dots": lambda: [dots(*dots_inputs) for _ in range(FLAGS.steps)][-1],
           "broadcast products": lambda: [products(*products_inputs)
                                          for _ in range(FLAGS.steps)][-1]}
@@ -155,7 +155,8 @@ def main(argv):
   import jax
   import jax.numpy as jnp
 
-  from aiayn_flax import huge_pages, provenance, run_dir
+  from aiayn_flax.runtime import huge_pages, provenance
+  from aiayn_flax import run_dir
   from aiayn_flax.model import head_dims
   config = run_dir.load_config(FLAGS.workdir)
   model, params, steps = run_dir.load_model_and_params(FLAGS.workdir, config, 1)
@@ -202,6 +203,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from aiayn_flax import huge_pages
+  from aiayn_flax.runtime import huge_pages
   huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? the environment's setting
   app.run(main)

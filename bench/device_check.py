@@ -110,12 +110,13 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   """One table row for `size`, measured on the first local device."""
   import jax
 
-  from aiayn_flax import dry_run, flops, loss, optimizer, train_step
+  from aiayn_flax.planning import dry_run, flops
+  from aiayn_flax import loss, optimizer, train_step
   if target_logit != "auto":  # one form forced, to time the two against each other
     loss.target_logit = getattr(loss, f"target_logit_by_{target_logit}")
   if forms == "before":
-    from aiayn_flax import model
-    loss.FORM, optimizer.FORM, model.DROPOUT_SEEDS = "reductions", "per_array", "make_rng"
+    from aiayn_flax import attention
+    loss.FORM, optimizer.FORM, attention.DROPOUT_SEEDS = "reductions", "per_array", "make_rng"
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
   config.model.attention_implementation = attention

@@ -6,7 +6,7 @@
 
 For each size it compiles one training step (one batch per call) for `--target` (default
 gpu-h100x1) on the CPU (no GPU needed: the `aot` extra), reads the optimized program
-(aiayn_flax/kernel_census.py) and prints, per form of the step:
+(aiayn_flax/planning/kernel_census.py) and prints, per form of the step:
 - kernels per step (fusions, library calls, copies), and the host round trips (while loops,
   conditionals) the program holds;
 - the loss's passes over the full logits;
@@ -43,15 +43,15 @@ SIZES = {"quickstart": ("configs.multi30k", 8), "quickstart_128": ("configs.mult
 
 
 def set_forms(form: str) -> None:
-  from aiayn_flax import loss, model, optimizer
-  loss.FORM, optimizer.FORM, model.DROPOUT_SEEDS = {
+  from aiayn_flax import attention, loss, optimizer
+  loss.FORM, optimizer.FORM, attention.DROPOUT_SEEDS = {
       "before": ("reductions", "per_array", "make_rng"), "after": ("auto", "auto", "one_key")}[form]
 
 
 def census_row(size: str, form: str) -> dict:
   import importlib
 
-  from aiayn_flax import kernel_census
+  from aiayn_flax.planning import kernel_census
   module, length = SIZES[size]
   config = importlib.import_module(module).get_config()
   config.steps_per_call = 1
@@ -88,7 +88,7 @@ def print_tpu_rows(rows: list[dict]) -> None:
 
 
 def print_rows(rows: list[dict]) -> None:
-  from aiayn_flax import kernel_census
+  from aiayn_flax.planning import kernel_census
   if FLAGS.target.startswith("tpu"):
     print_tpu_rows(rows)
     return

@@ -29,7 +29,9 @@ sys.path.insert(0, REPO)
 
 import numpy as np  # noqa: E402
 
-from aiayn_flax import accelerator_targets, dry_run, run_dir, trainer  # noqa: E402
+from aiayn_flax.planning import accelerator_targets, dry_run  # noqa: E402
+from aiayn_flax import run_dir  # noqa: E402
+from aiayn_flax.training import metrics  # noqa: E402
 from aiayn_flax.data import bucketing, ragged, tokenized, vocabulary  # noqa: E402
 
 TARGETS = ("tpu-v4-8", "gpu-a100x8")
@@ -129,7 +131,7 @@ def main():
   real_sources = real = padded = 0
   for boundary, indices in taken:
     batch = batches.batch(boundary, indices)
-    real += trainer.real_tokens(batch)
+    real += metrics.real_tokens(batch)
     real_sources += np.count_nonzero(batch["inputs"])
     padded += 2 * batch["inputs"].size
   gathered_s = time.perf_counter() - start

@@ -25,7 +25,9 @@ import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from aiayn_flax import compilation_cache, optimizer, tasks, train_step, trainer  # noqa: E402
+from aiayn_flax.runtime import compilation_cache  # noqa: E402
+from aiayn_flax import optimizer, tasks, train_step  # noqa: E402
+from aiayn_flax.training import trainer  # noqa: E402
 from aiayn_flax.data import bucketing, pipeline, tokenized  # noqa: E402
 
 config_flags.DEFINE_config_file("config", os.path.join(REPO, "configs/parsing_sample.py"),

@@ -79,7 +79,8 @@ def parse_row(spec: str) -> tuple[str, str, list[str]]:
 
 def finished(workdir: str) -> bool:
   """Whether the workdir holds a run whose newest checkpoint is its config's last step."""
-  from aiayn_flax import checkpoints, run_dir
+  from aiayn_flax.runtime import checkpoints
+  from aiayn_flax import run_dir
   if not os.path.isdir(checkpoints.checkpoint_dir(workdir)):
     return False
   try:
@@ -288,7 +289,7 @@ def dropped_note(name: str, pairs: dict) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from aiayn_flax.tensorflow_setup import keep_tensorflow_off_accelerators
+  from aiayn_flax.runtime.tensorflow_setup import keep_tensorflow_off_accelerators
   keep_tensorflow_off_accelerators()
   seeds = [int(s) for s in FLAGS.seeds]
   report = {"command": shlex.join(["python", "bench/parsing_table.py", *sys.argv[1:]]),
@@ -309,7 +310,7 @@ def main(argv):
       continue
     runs = [SeedRun(w) for _, w in done]
     if gold_config is None:  # one persistent compilation cache for every decoding program
-      from aiayn_flax import compilation_cache
+      from aiayn_flax.runtime import compilation_cache
       compilation_cache.enable(runs[0].config, runs[0].workdir)
     gold_config = gold_config or runs[0].config
     entry = {"config": config_file, "overrides": overrides, "training": training,

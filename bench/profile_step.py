@@ -26,7 +26,7 @@ at places, so the sum can exceed the wall time a little.
 Host malloc on huge pages is the environment's setting (start the script with
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 on a CPU, as `make quickstart` does;
 docs/INSTALL.md#on-a-cpu-malloc-on-huge-pages); the script never restarts itself for it and
-says in one log line (aiayn_flax/huge_pages.py) whether it is on. The peer here inherits the
+says in one log line (aiayn_flax/runtime/huge_pages.py) whether it is on. The peer here inherits the
 same environment (bench/train_speed.py decides its peer's with --peer_huge_pages; this does not).
 """
 import collections
@@ -46,7 +46,7 @@ sys.path.insert(0, REPO)
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from aiayn_flax import provenance  # noqa: E402
+from aiayn_flax.runtime import provenance  # noqa: E402
 from bench import train_speed  # noqa: E402
 
 flags.DEFINE_string("size", "base", "quickstart or base (bench/train_speed.py's sizes).")
@@ -195,7 +195,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from aiayn_flax import huge_pages
+  from aiayn_flax.runtime import huge_pages
   huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? the environment's setting
   flags.FLAGS.set_default("torch_python", "")  # the peer's profile only when asked for
   app.run(main)

@@ -23,12 +23,12 @@ start, 1 for base), so a timing covers whole calls; the peer steps one batch at 
 trains. Host malloc on huge pages is the environment's setting, as for train.py: start the
 bench with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 on a CPU (what `make quickstart` sets;
 docs/INSTALL.md#on-a-cpu-malloc-on-huge-pages) for our step on huge pages, without it for default
-pages; nothing restarts, and one log line (aiayn_flax/huge_pages.py) says which it is. The peer
-runs without that setting, as a PyTorch user's script does, whatever ours was started with,
-unless --peer_huge_pages gives it the setting too. MFU is the model's analytic
-training FLOPs (aiayn_flax/flops.py) per second over an f32 matmul peak measured in this process
-(the median of the peaks measured at the start and before each round: it moves with the machine's
-load).
+pages; nothing restarts, and one log line (aiayn_flax/runtime/huge_pages.py) says which it
+is. The peer runs without that setting, as a PyTorch user's script does, whatever ours was
+started with, unless --peer_huge_pages gives it the setting too. MFU is the model's analytic
+training FLOPs (aiayn_flax/planning/flops.py) per second over an f32 matmul peak measured in
+this process (the median of the peaks measured at the start and before each round: it moves
+with the machine's load).
 
 The peer needs torch, which is not a project dependency: see bench/torch_peer.py for the
 install (a venv of its own, the CPU build), then pass --torch_python=PATH of its interpreter.
@@ -51,8 +51,10 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from aiayn_flax import (  # noqa: E402
-    flops, huge_pages, model, optimizer, provenance, train_step, trainer)
+from aiayn_flax.planning import flops  # noqa: E402
+from aiayn_flax.runtime import huge_pages, provenance  # noqa: E402
+from aiayn_flax import model, optimizer, train_step  # noqa: E402
+from aiayn_flax.training import trainer  # noqa: E402
 from bench.peer_request import peer_request  # noqa: E402
 from bench.synthetic_batches import real_tokens, synthetic_batches  # noqa: E402
 
@@ -79,9 +81,9 @@ flags.DEFINE_bool("bf16", False, "Also time bfloat16 compute (--config.model.dty
                   "against the peer under torch.autocast(bfloat16)), as rows of their own; f32 "
                   "stays the matched comparison. Meant for CPUs with AVX512-BF16 or AMX.")
 flags.DEFINE_bool("peer_huge_pages", False, "Start the peer with malloc on huge pages "
-                  "(GLIBC_TUNABLES=glibc.malloc.hugetlb=1: aiayn_flax/huge_pages.py). Default: "
-                  "the peer runs as a PyTorch user's script does, without it, whatever the "
-                  "environment gave ours.")
+                  "(GLIBC_TUNABLES=glibc.malloc.hugetlb=1: aiayn_flax/runtime/huge_pages.py). "
+                  "Default: the peer runs as a PyTorch user's script does, without it, whatever "
+                  "the environment gave ours.")
 flags.DEFINE_integer("torch_threads", 0, "The peer's intra-op threads (0: torch's default, one "
                      "per core). On a machine shared with other jobs, torch's OpenMP threads wait "
                      "for each other at every op, and 1 can be faster than 2.")

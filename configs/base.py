@@ -184,12 +184,13 @@ def get_config(row: str = ""):
   # every host builds every row and keeps its share, as before; the same batches either way,
   # a multiple of the host memory and time, kept to check that both agree).
   c.host_local_batches = True
-  # JAX's persistent compilation cache (aiayn_flax/compilation_cache.py): "" is
+  # JAX's persistent compilation cache (aiayn_flax/runtime/compilation_cache.py): "" is
   # $JAX_COMPILATION_CACHE_DIR when set, else WORKDIR/xla_cache; a folder or gs:// path;
   # "off" compiles everything at every start.
   c.compilation_cache_dir = ""
 
-  # Planning only (train.py --dry_run, python -m aiayn_flax.dry_run --table; docs/SCALE.md):
+  # Planning only (train.py --dry_run, python -m aiayn_flax.planning.dry_run --table;
+  # docs/SCALE.md):
   # the hardware the plan is for and the model FLOPs utilisation assumed for its step time.
   c.device = ""  # "": the local devices; or a kind of devices.py: tpu_v3, tpu_v4, v100, h100...
   c.num_devices = 0  # 0: all local devices, or the device kind's standard host (tpu_v3: 8)

@@ -3,7 +3,7 @@ treebank sample's gold trees with silver trees mixed in (the paper: 17M sentence
 BerkeleyParser, "high-confidence" ones; here the English sides of the data folder parsed by the
 strongest baseline, aiayn_flax/parsing/silver.py), then on gold trees alone at the end.
 
-  DATA=$(python -m aiayn_flax.public_data silver_text)  # $AIAYN_DATA_DIR, else the cache
+  DATA=$(python -m aiayn_flax.data.public_data silver_text)  # $AIAYN_DATA_DIR, else the cache
   python -m aiayn_flax.parsing.silver --out_dir=silver --validation \
       $DATA/wmt14/newstest2013.en $DATA/wmt14/newstest2014.en
   python -m aiayn_flax.parsing.silver --out_dir=silver --moses_bpe \

@@ -3,7 +3,7 @@ repository's scripts as a user does.
 
 The data folder is AIAYN_DATA_DIR when set (.ci/run sets it), else ../shared/data beside the
 clone when it is there, else the public originals fetched once into the cache
-(aiayn_flax/public_data.py: ~/.cache/aiayn_flax) before any test runs. When none of them can be
+(aiayn_flax/data/public_data.py: ~/.cache/aiayn_flax) before any test runs. When none of them can be
 had, the session stops at once with one line saying what to set. The reference EVALB is
 ../shared/tools/evalb when there, else the cache's, compiled there.
 
@@ -58,7 +58,7 @@ def evalb_dir() -> pathlib.Path:
   """EVALB's folder: evalb.c, COLLINS.prm, sample/ (and the compiled `evalb` in the cache's)."""
   if (SHARED / "tools" / "evalb").is_dir():
     return SHARED / "tools" / "evalb"
-  from aiayn_flax import public_data
+  from aiayn_flax.data import public_data
   return public_data.fetch_evalb()  # fetched by pytest_configure already; compiled there
 
 
@@ -80,7 +80,7 @@ def prepare_data(markexpr: str) -> None:
     os.environ["AIAYN_DATA_DIR"] = str(SHARED / "data")
     _data_source = f"data: {SHARED / 'data'} (beside the clone)"
     return
-  from aiayn_flax import public_data
+  from aiayn_flax.data import public_data
   folder = public_data.cache_dir()
   files = [*public_data.TEST_DATA,
            *(public_data.EVALB if not (SHARED / "tools" / "evalb").is_dir() else [])]
@@ -110,10 +110,10 @@ def pytest_sessionstart(session):
 @contextlib.contextmanager
 def public_mirror(data: pathlib.Path, evalb: pathlib.Path, root: pathlib.Path, replaced=None):
   """An HTTP server on a loopback port chosen by the OS that stands in for the public hosts:
-  each public file (aiayn_flax/public_data.py) at its path on raw.githubusercontent.com, its
+  each public file (aiayn_flax/data/public_data.py) at its path on raw.githubusercontent.com, its
   bytes those of the data folder's copy (`data`; `evalb` for EVALB), or `replaced[path]`.
   Yields (base URL for AIAYN_DOWNLOAD_BASE_URL, the list of paths requested, growing)."""
-  from aiayn_flax import public_data
+  from aiayn_flax.data import public_data
   for file in [*public_data.TEST_DATA, *public_data.EVALB]:
     served = root / file.source
     served.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +164,7 @@ def truncate_array_files(workdir, step: int, under: str = "") -> None:
   Every file, not only the largest: which arrays share a file varies from run to run, and the
   parameters alone (all that evaluation reads) must be unreadable too.
   """
-  from aiayn_flax import checkpoints
+  from aiayn_flax.runtime import checkpoints
   state = os.path.join(checkpoints.checkpoint_dir(workdir), str(step), "state", under)
   data_files = [os.path.join(root, name) for root, _, names in os.walk(state)
                 if os.path.basename(root) == "d" for name in names]
@@ -186,7 +186,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def toy_run(tmp_path_factory):
   """A toy run trained once for the whole session: (config, workdir, final metrics)."""
-  from aiayn_flax import trainer
+  from aiayn_flax.training import trainer
   from configs import toy
   config = toy.get_config()
   workdir = str(tmp_path_factory.mktemp("toy_run"))

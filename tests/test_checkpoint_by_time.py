@@ -7,7 +7,9 @@ import re
 
 import pytest
 
-from aiayn_flax import checkpoints, config_checks, trainer
+from aiayn_flax.runtime import checkpoints
+from aiayn_flax import config_checks
+from aiayn_flax.training import resume, trainer
 from configs import base, big, toy
 
 
@@ -64,8 +66,8 @@ def test_paper_configs_checkpoint_every_ten_minutes_and_a_run_needs_minutes_or_s
                                        r"where checkpoint_every_steps is 0"):
     config_checks.check_config(config)
   # The cadence may change on resume: it changes neither the model nor the batches.
-  assert not trainer.resume_conflicts({"checkpoint_every_minutes": 10},
-                                      {"checkpoint_every_minutes": 5})
+  assert not resume.resume_conflicts({"checkpoint_every_minutes": 10},
+                                     {"checkpoint_every_minutes": 5})
 
 
 @pytest.mark.slow

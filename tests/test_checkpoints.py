@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from aiayn_flax import checkpoints, trainer
+from aiayn_flax.runtime import checkpoints
+from aiayn_flax.training import trainer
 
 
 def abstract_params(config):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from aiayn_flax import trainer
+from aiayn_flax.training import trainer
 from conftest import run_script
 
 

@@ -18,7 +18,7 @@ from clu import metric_writers
 from etils import epath
 from etils.epath import gpath
 
-from aiayn_flax import trainer
+from aiayn_flax.training import trainer
 from conftest import REPO
 from configs import multi30k
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from aiayn_flax import cluster
+from aiayn_flax.runtime import cluster
 from conftest import REPO
 
 SLURM_STEP = {"SLURM_JOB_ID": "42", "SLURM_STEP_NODELIST": "gpu[01-02]", "SLURM_NTASKS": "16",
@@ -213,7 +213,7 @@ def test_whether_a_failed_start_may_have_others_to_tell_is_read_from_variables(e
 def test_importing_cluster_imports_no_jax():
   # A config typo stays one line: train.py asks maybe_launched_with_others before any jax
   # (whose start logs its own lines).
-  probe = subprocess.run([sys.executable, "-c", "import sys, aiayn_flax.cluster; "
+  probe = subprocess.run([sys.executable, "-c", "import sys, aiayn_flax.runtime.cluster; "
                           "print('jax' in sys.modules)"], cwd=REPO, capture_output=True,
                          text=True)
   assert probe.stdout.strip() == "False", probe.stderr[-2000:]

@@ -1,5 +1,5 @@
 """JAX's persistent compilation cache: a resumed run loads the programs its first start
-compiled (aiayn_flax/compilation_cache.py), in the folder the config or the environment
+compiled (aiayn_flax/runtime/compilation_cache.py), in the folder the config or the environment
 names, else WORKDIR/xla_cache."""
 import os
 import re
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from aiayn_flax import compilation_cache
+from aiayn_flax.runtime import compilation_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -68,18 +68,18 @@ def test_the_check_sees_an_unread_field_even_with_a_common_name(field, source_te
 
 
 def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_value():
-  from aiayn_flax import trainer
-  current = trainer.config_dict(toy.get_config())
+  from aiayn_flax.training import resume
+  current = resume.config_dict(toy.get_config())
   saved = {**copy.deepcopy(current), "weight_decay": 0.0,
            "dataset": {**current["dataset"], "shuffle_buffer": 1000}}
-  assert trainer.resume_conflicts(saved, current) == []
+  assert resume.resume_conflicts(saved, current) == []
   del saved["dataset"]["vocab_character_coverage"]  # saved before the field existed: 1.0
-  assert trainer.resume_conflicts(saved, current) == [
+  assert resume.resume_conflicts(saved, current) == [
       "dataset.vocab_character_coverage: 1.0 -> 0.9995"]
   saved["dataset"]["vocab_character_coverage"] = 0.9995
   del saved["model"]["source_token_dropout_rate"]  # saved before the field existed: 0.0
-  assert trainer.resume_conflicts(saved, current) == []
-  assert trainer.resume_conflicts(saved, {**current, "model": {
+  assert resume.resume_conflicts(saved, current) == []
+  assert resume.resume_conflicts(saved, {**current, "model": {
       **current["model"], "source_token_dropout_rate": 0.1}}) == [
           "model.source_token_dropout_rate: 0.0 -> 0.1"]
   # evaluate.py and translate.py read such a run with the value it had in effect
@@ -87,20 +87,20 @@ def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_valu
   before_constraint = {k: v for k, v in copy.deepcopy(saved).items() if k != "decode_constrained"}
   assert config_checks.with_added_fields(before_constraint)["decode_constrained"] is True
   saved["dataset"]["max_length"] += 1
-  assert trainer.resume_conflicts(saved, current) == [
+  assert resume.resume_conflicts(saved, current) == [
       f"dataset.max_length: {current['dataset']['max_length'] + 1} -> "
       f"{current['dataset']['max_length']}"]
 
 
 def test_data_dir_may_change_on_resume_only_where_the_batches_are_the_same():
-  from aiayn_flax import trainer
-  saved = trainer.config_dict(toy.get_config())
+  from aiayn_flax.training import resume
+  saved = resume.config_dict(toy.get_config())
   current = {**saved, "dataset": {**saved["dataset"], "data_dir": "gs://bucket/tfds"}}
-  assert trainer.resume_conflicts(saved, current, same_batches=True) == []
-  [conflict] = trainer.resume_conflicts(saved, current)
+  assert resume.resume_conflicts(saved, current, same_batches=True) == []
+  [conflict] = resume.resume_conflicts(saved, current)
   assert conflict.startswith("dataset.data_dir: '' -> 'gs://bucket/tfds' (may change where ")
   changed = {**current, "dataset": {**current["dataset"], "max_length": 7}}
-  assert trainer.resume_conflicts(saved, changed, same_batches=True) == [
+  assert resume.resume_conflicts(saved, changed, same_batches=True) == [
       f"dataset.max_length: {saved['dataset']['max_length']} -> 7"]
 
 

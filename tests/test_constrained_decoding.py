@@ -219,7 +219,8 @@ def test_every_gold_tree_of_the_sample_is_one_the_decoder_may_write(shared_data,
 def test_the_dry_run_compiles_a_parsing_run_with_its_constrained_decoding(monkeypatch):
   """`train.py --dry_run --target=...` compiles evaluate.py's decoding as a parsing run runs
   it, constraint included: the same compile without it counts fewer FLOPs."""
-  from aiayn_flax import compiled_plan, tasks
+  from aiayn_flax.planning import compiled_plan
+  from aiayn_flax import tasks
   from configs import parsing_sample
   config = parsing_sample.get_config()
   config.model.update(vocab_size=512, d_model=32, d_ff=64, num_layers=1)

@@ -251,7 +251,7 @@ def dry_runs() -> list[list[str]]:
     for words in bash_commands(page.read_text(encoding="utf-8")):
       if words[:2] == ["python", "train.py"] and "--dry_run" in words and not any(
           w.startswith("--target") for w in words) or words[:3] == [
-          "python", "-m", "aiayn_flax.dry_run"]:
+          "python", "-m", "aiayn_flax.planning.dry_run"]:
         if words[1:] not in found:
           found.append(words[1:])
   return found

@@ -16,7 +16,8 @@ import sys
 import jax
 import pytest
 
-from aiayn_flax import accelerator_targets, compiled_plan, devices, flops, train_step
+from aiayn_flax.planning import accelerator_targets, compiled_plan, flops
+from aiayn_flax import devices, train_step
 from aiayn_flax.data import bucketing
 from configs import base, toy
 

@@ -3,7 +3,7 @@ micro-batch must not run out of memory at its first evaluation."""
 import numpy as np
 import pytest
 
-from aiayn_flax import trainer
+from aiayn_flax.training import trainer
 from configs import toy
 
 

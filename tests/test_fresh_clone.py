@@ -51,7 +51,7 @@ DATA_TESTS = ("tests/test_scoring.py::"
 @pytest.mark.slow
 def test_make_test_in_a_fresh_clone_downloads_the_data_once_and_offline_stops_in_one_line(
     tmp_path, shared_data, evalb_dir):
-  from aiayn_flax import public_data
+  from aiayn_flax.data import public_data
   clone, env = fresh_clone(tmp_path)
   venv = pathlib.Path(sys.prefix)
   env["XDG_CACHE_HOME"] = str(tmp_path / "cache")

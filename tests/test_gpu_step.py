@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from aiayn_flax import kernel_census, loss, optimizer
+from aiayn_flax.planning import kernel_census
+from aiayn_flax import loss, optimizer
 
 
 @pytest.fixture
@@ -137,7 +138,7 @@ def test_the_loss_is_compiled_in_one_pass_for_a_gpu_alone(forms):
   pytest.importorskip("libtpu")
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-  from aiayn_flax import accelerator_targets
+  from aiayn_flax.planning import accelerator_targets
 
   def compiled(target, form):
     loss.FORM = form
@@ -263,7 +264,8 @@ def test_fused_attention_refuses_attention_dropout():
 def test_every_gpu_kind_of_a_target_is_a_device_kind_with_its_memory():
   """An H200 and an A100 80 GB are targets too (the one GPU ever lent was an H200): each GPU
   target's figures describe the device kind the plan uses, memory included."""
-  from aiayn_flax import accelerator_targets, devices
+  from aiayn_flax.planning import accelerator_targets
+  from aiayn_flax import devices
   for name in ("gpu-h200x1", "gpu-a100_80gbx8", "gpu-h100x1", "gpu-t4x1"):
     target = accelerator_targets.target(name)
     figures = accelerator_targets.GPUS[target.gpu]

@@ -1,4 +1,4 @@
-"""Host malloc on huge pages (aiayn_flax/huge_pages.py): the entry points say in one line
+"""Host malloc on huge pages (aiayn_flax/runtime/huge_pages.py): the entry points say in one line
 whether it is on, for every way a user starts them, and never restart themselves; the line is
 right for each setting, allocator and kernel mode; and glibc still honours the setting here."""
 import json
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from aiayn_flax import huge_pages
+from aiayn_flax.runtime import huge_pages
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLIBC = "/lib/x86_64-linux-gnu/libc.so.6"
@@ -128,7 +128,7 @@ def environment(**extra) -> dict:
 # page faults the touching took.
 PROBE = textwrap.dedent("""
     import ctypes, json, resource
-    from aiayn_flax import huge_pages
+    from aiayn_flax.runtime import huge_pages
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     size = 256 * 2 ** 20

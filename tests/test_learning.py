@@ -8,7 +8,8 @@ runs for several seeds and prints each seed's margin; the sweep is quoted beside
 import numpy as np
 import pytest
 
-from aiayn_flax import attention_maps, run_dir, tasks, trainer
+from aiayn_flax import attention_maps, run_dir, tasks
+from aiayn_flax.training import trainer
 from aiayn_flax.data import pipeline, tokenized
 from configs import multi30k
 

@@ -94,7 +94,7 @@ def test_test_workers_and_tests_choose_the_workers_and_the_files(tmp_path, targe
 def test_quickstart_starts_malloc_on_huge_pages_on_the_cpu_only(
     tmp_path, accelerator, user_tunables, expected):
   """The setting is the environment's, given by the command line make prints, not a restart of
-  the entry points (aiayn_flax/huge_pages.py)."""
+  the entry points (aiayn_flax/runtime/huge_pages.py)."""
   env = host_env(tmp_path, accelerator)
   env.pop("GLIBC_TUNABLES", None)
   if user_tunables:

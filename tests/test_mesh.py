@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from aiayn_flax import accelerator_targets, compiled_plan, sharding
+from aiayn_flax.planning import accelerator_targets, compiled_plan
+from aiayn_flax import sharding
 from configs import toy
 
 

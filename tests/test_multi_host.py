@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from aiayn_flax import checkpoints, train_step
+from aiayn_flax.runtime import checkpoints
+from aiayn_flax import train_step
 from configs import toy
 from multi_host_launch import launch, reserved_port
 
@@ -28,7 +29,8 @@ MODEL_AXIS_FLAGS = ["--config.mesh=data:1,model:8", "--config.model.num_heads=8"
 
 
 # Joins (or not) as train.py does, then says what it sees.
-JOIN = ["-c", "import jax; from aiayn_flax import cluster; cluster.initialize_distributed(); "
+JOIN = ["-c", "import jax; from aiayn_flax.runtime import cluster; "
+              "cluster.initialize_distributed(); "
               "print('joined', jax.distributed.is_initialized(), 'process', jax.process_index(), "
               "'of', jax.process_count(), 'devices', jax.device_count())"]
 # The same, logging at INFO (the local device ids asked for), with JAX's private cluster
@@ -220,7 +222,7 @@ def test_open_mpi_5_ranks_join_through_the_coordinators_address_or_all_stop_in_o
 # moved it would), and has process 0 fail at a piece of work the others wait for.
 VERDICT_BY_BROADCAST = ["-c", JOIN[1] + "\n" + "\n".join([
     "import sys, jax._src",
-    "from aiayn_flax import process_zero",  # (jax's multihost_utils imports it too)
+    "from aiayn_flax.runtime import process_zero",  # (jax's multihost_utils imports it too)
     "sys.modules['jax._src.distributed'] = None; del jax._src.distributed",
     "print('read', process_zero.first('a file', lambda: 'made', lambda: 'read'))",
     "def make(): raise FileNotFoundError('corpus.en: no such file')",

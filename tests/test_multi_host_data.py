@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from aiayn_flax import workdir_lease
+from aiayn_flax.runtime import workdir_lease
 from conftest import REPO
 from test_cloud_workdir import emulated_gcs  # noqa: F401 - a fixture
 
@@ -518,7 +518,7 @@ def test_a_truncated_vocabulary_is_one_line_naming_the_file(two_process_run, tmp
 
 
 def test_hosts_name_the_first_difference_as_a_dotted_key():
-  from aiayn_flax import host_agreement
+  from aiayn_flax.runtime import host_agreement
   ours = {"model": {"d_model": 512, "num_heads": 8}, "seed": 0}
   assert host_agreement.first_difference(ours, {"model": {"d_model": 256, "num_heads": 4},
                                                 "seed": 1}) == ("model.d_model", 512, 256)

@@ -229,17 +229,17 @@ def test_a_run_saved_before_these_fields_resumes_as_it_was_trained():
   """A parsing run saved before issue 45's fields resumes with them at the values it trained
   with; the config file's new padding is the one difference, which the resumption names."""
   import copy
-  from aiayn_flax import trainer
+  from aiayn_flax.training import resume
   from configs import multi30k, parsing_sample
   for get_config in (parsing_sample.get_config, multi30k.get_config):
-    current = trainer.config_dict(get_config())
+    current = resume.config_dict(get_config())
     saved = copy.deepcopy(current)
     for field in ("pad_each_side", "mix_split", "mix_ratio", "mix_epochs", "silver_files",
                   "silver_min_agreement", "silver_min_log_prob_per_word"):
       del saved["dataset"][field]
     expected = (["dataset.pad_each_side: False -> True"] if current["dataset"]["pad_each_side"]
                 else [])
-    assert trainer.resume_conflicts(saved, current) == expected
+    assert resume.resume_conflicts(saved, current) == expected
 
 
 def test_a_run_of_stacked_batches_holds_one_shape_on_both_sides():
@@ -247,7 +247,7 @@ def test_a_run_of_stacked_batches_holds_one_shape_on_both_sides():
   targets' shape: the trainer's runs (stacked for several steps per call) must split there."""
   import numpy as np
 
-  from aiayn_flax import trainer
+  from aiayn_flax.training import trainer
 
   def batch(source_length, target_length):
     return {"inputs": np.zeros((4, source_length), np.int32),

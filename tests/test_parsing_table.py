@@ -77,7 +77,7 @@ def test_table_trains_seeds_chooses_on_validation_and_compares_with_the_baseline
              for seed in (0, 1))
   short = tmp_path / "short"
   shutil.copytree(os.path.join(runs_dir, "tiny", "seed0"), short)
-  from aiayn_flax import checkpoints
+  from aiayn_flax.runtime import checkpoints
   shutil.rmtree(checkpoints.checkpoint_dir(str(short)) / "12")
   assert not parsing_table.finished(str(short))
 

@@ -7,7 +7,7 @@ import sys
 import ml_collections
 import pytest
 
-from aiayn_flax import trainer
+from aiayn_flax.training import trainer
 from aiayn_flax.parsing import baselines, evalb, sentences
 from configs import parsing_sample
 from conftest import REPO

@@ -17,7 +17,7 @@ import shutil
 
 import pytest
 
-from aiayn_flax import checkpoints
+from aiayn_flax.runtime import checkpoints
 from conftest import truncate_array_files
 from multi_host_launch import launch
 

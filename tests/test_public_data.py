@@ -1,4 +1,4 @@
-"""The public originals of the test data (aiayn_flax/public_data.py), fetched from a local HTTP
+"""The public originals of the test data (aiayn_flax/data/public_data.py), fetched from a local HTTP
 server that serves the shared data folder's files where the public hosts have them: each is
 downloaded once into the cache, checked against its SHA-256, and a wrong one is refused."""
 import hashlib
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from aiayn_flax import public_data
+from aiayn_flax.data import public_data
 from aiayn_flax.data import multi30k
 import conftest
 from conftest import public_mirror, run_script
@@ -47,11 +47,11 @@ def test_the_command_fetches_a_group_and_prints_the_folder_that_holds_it(
   monkeypatch.delenv("AIAYN_DATA_DIR", raising=False)
   with public_mirror(shared_data, evalb_dir, tmp_path / "mirror") as (base_url, requested):
     env = {"XDG_CACHE_HOME": str(cache.parent), public_data.BASE_URL_VARIABLE: base_url}
-    fetched = run_script("-m", "aiayn_flax.public_data", "silver_text", env=env)
+    fetched = run_script("-m", "aiayn_flax.data.public_data", "silver_text", env=env)
     assert fetched.stdout == f"{cache}\n", fetched.stderr
     assert sorted(requested) == sorted(f.source for f in public_data.SILVER_TEXT)
     # A data folder that has the group is named instead, and nothing is downloaded.
-    named = run_script("-m", "aiayn_flax.public_data", "silver_text",
+    named = run_script("-m", "aiayn_flax.data.public_data", "silver_text",
                        env={**env, "AIAYN_DATA_DIR": str(shared_data)})
     assert named.stdout == f"{shared_data}\n", named.stderr
     assert len(requested) == len(public_data.SILVER_TEXT)
@@ -65,13 +65,13 @@ def test_the_command_fetches_a_group_and_prints_the_folder_that_holds_it(
 @pytest.mark.slow  # starts a Python process
 def test_the_command_stops_in_one_line_when_a_download_fails(cache, monkeypatch):
   monkeypatch.delenv("AIAYN_DATA_DIR", raising=False)
-  result = run_script("-m", "aiayn_flax.public_data", "silver_text",
+  result = run_script("-m", "aiayn_flax.data.public_data", "silver_text",
                       env={"XDG_CACHE_HOME": str(cache.parent),
                            public_data.BASE_URL_VARIABLE: "http://127.0.0.1:9"})
   assert result.returncode == 1 and result.stdout == ""
   first = public_data.SILVER_TEXT[0]
   assert result.stderr.strip().splitlines()[-1] == (
-      f"python -m aiayn_flax.public_data: error: could not download {first.path} from "
+      f"python -m aiayn_flax.data.public_data: error: could not download {first.path} from "
       f"http://127.0.0.1:9/{first.source} (ConnectionError)")
 
 

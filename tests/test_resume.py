@@ -12,7 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from aiayn_flax import checkpoints, stops, trainer
+from aiayn_flax.runtime import checkpoints, stops
+from aiayn_flax.training import trainer
 from conftest import REPO
 from configs import toy
 

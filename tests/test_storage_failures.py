@@ -20,7 +20,7 @@ import uuid
 import numpy as np
 import pytest
 
-from aiayn_flax import checkpoints, storage_errors
+from aiayn_flax.runtime import checkpoints, storage_errors
 from conftest import REPO
 from multi_host_launch import launch
 
@@ -270,7 +270,7 @@ def test_failed_writes_are_named_in_plain_words():
 
 @pytest.mark.slow
 def test_the_token_cache_and_event_files_warn_once_when_the_disk_is_full(tmp_path, caplog):
-  from aiayn_flax import trainer
+  from aiayn_flax.training import trainer
   from aiayn_flax.data import ragged, tokenized
   ids = ragged.from_parts([np.arange(1, 6, dtype=np.uint16)], [np.array([2, 3])], np.uint16)
   split = tokenized.TokenizedSplit(ids, ids)

@@ -12,9 +12,9 @@ from conftest import run_script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = (sorted((REPO / "aiayn_flax" / "data").glob("*.py"))
-          + [REPO / "aiayn_flax" / name for name in ("compiled_plan.py", "trainer.py",
-                                                      "translator.py", "decoding.py",
-                                                      "run_dir.py")]
+          + [REPO / "aiayn_flax" / name for name in (
+              "planning/compiled_plan.py", "training/trainer.py", "translator.py",
+              "decoding.py", "run_dir.py")]
           + [REPO / "evaluate.py", REPO / "translate.py", REPO / "train.py"])
 
 
@@ -43,7 +43,7 @@ def test_the_data_layer_does_not_call_up_to_the_tasks():
   assert len(data) >= 10
   for path in data:
     upward = {m for m in imported_modules(path)
-              if m.startswith(("aiayn_flax.tasks", "aiayn_flax.parsing", "aiayn_flax.trainer"))}
+              if m.startswith(("aiayn_flax.tasks", "aiayn_flax.parsing", "aiayn_flax.training"))}
     assert not upward, f"{path.name} imports {sorted(upward)}"
 
 

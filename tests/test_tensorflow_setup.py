@@ -20,7 +20,7 @@ SETUP = "keep_tensorflow_off_accelerators"
 
 @pytest.mark.slow
 def test_tensorflow_sees_only_the_cpu_and_still_works():
-  script = (f"from aiayn_flax.tensorflow_setup import {SETUP}\n"
+  script = (f"from aiayn_flax.runtime.tensorflow_setup import {SETUP}\n"
             f"{SETUP}(); {SETUP}()\n"
             "import tensorflow as tf\n"
             "print(sorted({d.device_type for d in tf.config.get_visible_devices()}))\n"

@@ -187,7 +187,8 @@ def test_a_validation_decode_leaves_no_copy_of_the_parameters_on_the_devices(tmp
   copy is dropped afterwards, or it would hold a whole model on each device through training
   (undoing what FSDP or a `model` axis saves)."""
   import gc
-  from aiayn_flax import tasks, train_step, trainer
+  from aiayn_flax import tasks, train_step
+  from aiayn_flax.training import trainer
   from aiayn_flax.data import pipeline, source_text
   from aiayn_flax.translator import Translator
   from configs import toy

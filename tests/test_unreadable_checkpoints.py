@@ -8,7 +8,9 @@ import os
 
 import pytest
 
-from aiayn_flax import checkpoints, run_dir, trainer
+from aiayn_flax.runtime import checkpoints
+from aiayn_flax import run_dir
+from aiayn_flax.training import trainer
 from configs import toy
 from conftest import truncate_array_files
 

@@ -12,7 +12,8 @@ from etils import epath
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from aiayn_flax import devices, dry_run, flops, tasks
+from aiayn_flax import devices, tasks
+from aiayn_flax.planning import dry_run, flops
 from aiayn_flax.data import bucketing, pipeline, ragged, source_text, tokenized, vocabulary
 from aiayn_flax.data.ragged import EMPTY_ROW, RaggedIds
 from configs import base, big, big_enfr

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from aiayn_flax import workdir_lease
+from aiayn_flax.runtime import workdir_lease
 from conftest import REPO
 
 
@@ -98,7 +98,7 @@ def test_a_trainer_restarted_with_its_previous_pid_takes_its_lease_over(tmp_path
   workdir = tmp_path / "run"
   restart = textwrap.dedent(f"""
       import os, sys
-      from aiayn_flax import workdir_lease
+      from aiayn_flax.runtime import workdir_lease
       workdir_lease.take({str(workdir)!r})  # the killed incarnation's lease, left behind
       os.execv(sys.executable, [sys.executable, "train.py", "--workdir={workdir}",
                "--config=configs/toy.py", "--config.num_train_steps=2",
@@ -148,7 +148,7 @@ def test_a_renewal_that_finds_another_runs_lease_stops_and_leaves_it(tmp_path, m
 # disk take far less.)
 TAKE_AT = textwrap.dedent("""
     import sys, time
-    from aiayn_flax import workdir_lease
+    from aiayn_flax.runtime import workdir_lease
     workdir_lease.SETTLE_SECONDS = 0.3
     held = []
     for at, workdir in zip(sys.argv[1::2], sys.argv[2::2]):
@@ -210,7 +210,7 @@ def test_a_lease_taken_over_is_found_before_a_checkpoint_and_a_lost_one_stays_lo
 
 def test_a_lost_lease_stops_the_run_before_any_signal_it_caught():
   import threading
-  from aiayn_flax import stops
+  from aiayn_flax.runtime import stops
   lost = threading.Event()
   with stops.StopSignals() as signals:
     agreement = stops.StopAgreement(signals, lease_lost=lost)

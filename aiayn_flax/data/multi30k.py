@@ -11,7 +11,8 @@ import requests
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from aiayn_flax import process_zero, public_data
+from aiayn_flax.runtime import process_zero
+from aiayn_flax.data import public_data
 from aiayn_flax.data.text_files import read_parallel_lines
 
 LANGUAGES = ("en", "de")

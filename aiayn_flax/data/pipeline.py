@@ -23,7 +23,7 @@ import jax
 from absl import logging
 from etils import epath
 
-from aiayn_flax import paths, process_zero
+from aiayn_flax.runtime import paths, process_zero
 from aiayn_flax.data import bucketing, ragged, tokenized, toy, vocabulary
 
 VOCAB_FILENAME = "vocab.model"

@@ -9,7 +9,7 @@ chunks (`text_pair_chunks`), never held whole as Python strings.
 """
 from collections.abc import Iterable
 
-from aiayn_flax import process_zero
+from aiayn_flax.runtime import process_zero
 from aiayn_flax.data import toy
 
 CHUNK_PAIRS = 50_000  # sentence pairs read and tokenized at a time

@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from aiayn_flax import paths, process_zero, storage_errors
+from aiayn_flax.runtime import paths, process_zero, storage_errors
 from aiayn_flax.data import ragged, vocabulary
 from aiayn_flax.data.ragged import RaggedIds
 from aiayn_flax.data.source_text import TextChunks

@@ -12,7 +12,7 @@ from etils import epath
 import numpy as np
 import sentencepiece as spm
 
-from aiayn_flax import paths
+from aiayn_flax.runtime import paths
 
 PAD_ID = 0
 EOS_ID = 1

@@ -14,7 +14,8 @@ from absl import logging
 from etils import epath
 import jax
 
-from aiayn_flax import paths, process_zero, run_dir
+from aiayn_flax.runtime import paths, process_zero
+from aiayn_flax import run_dir
 from aiayn_flax.parsing import evalb, sentences
 from aiayn_flax.translator import Translator
 

@@ -170,7 +170,7 @@ def chunk_key(teacher_key: str, lines: Sequence[str]) -> str:
 
 
 def default_cache_dir() -> pathlib.Path:
-  from aiayn_flax import public_data
+  from aiayn_flax.data import public_data
   return public_data.cache_dir() / "silver"
 
 
@@ -285,7 +285,7 @@ def training_pairs(paths: Sequence[str], leaves: str, min_agreement: float | Non
 
 def file_digests(paths: Sequence[str]) -> list[list[str]]:
   """[path, sha256 of its content] of each file (the token cache's key: new trees, new ids)."""
-  from aiayn_flax import host_agreement
+  from aiayn_flax.runtime import host_agreement
   return [[path, host_agreement.file_digest(path) or "missing"] for path in paths]
 
 

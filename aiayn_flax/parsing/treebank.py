@@ -19,7 +19,7 @@ import nltk
 from nltk.corpus.reader import BracketParseCorpusReader
 from nltk.data import ZipFilePathPointer
 
-from aiayn_flax import public_data
+from aiayn_flax.data import public_data
 
 # split -> inclusive range of file numbers (wsj_NNNN.mrg) of the sample.
 SAMPLE_SPLITS = {"train": (1, 159), "validation": (160, 179), "test": (180, 199)}

@@ -28,7 +28,7 @@ import jax
 from absl import logging
 from etils import epath
 
-from aiayn_flax import storage_errors
+from aiayn_flax.runtime import storage_errors
 
 OFF = "off"
 ENVIRONMENT_VARIABLE = "JAX_COMPILATION_CACHE_DIR"

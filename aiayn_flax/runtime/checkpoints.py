@@ -16,7 +16,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from aiayn_flax import paths
+from aiayn_flax.runtime import paths
 
 CHECKPOINT_DIR = "checkpoints"
 # Where training moves a checkpoint it cannot read (never deleted), so that the run can save

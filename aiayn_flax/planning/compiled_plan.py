@@ -23,9 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from aiayn_flax import accelerator_targets, devices, sharding, tasks, train_step, translator
+from aiayn_flax.planning import accelerator_targets
+from aiayn_flax import devices, sharding, tasks, train_step, translator
 from aiayn_flax.data import bucketing
-from aiayn_flax.dry_run import activation_bytes_per_token
+from aiayn_flax.planning.dry_run import activation_bytes_per_token
 from aiayn_flax.programs import training_programs
 
 HELPFUL_KEYS = ("a smaller --config.micro_batch_tokens_per_device (accumulates more micro-batches),"

@@ -46,7 +46,7 @@ import uuid
 from absl import logging
 from etils import epath
 
-from aiayn_flax import checkpoints, paths, process_zero, storage_errors
+from aiayn_flax.runtime import checkpoints, paths, process_zero, storage_errors
 
 LEASE_FILENAME = "run.lease"
 HEARTBEAT_SECONDS = 30

@@ -235,7 +235,8 @@ def train_step_hlo(config, target_name: str, length: int) -> tuple[str, str, obj
   import jax
   import jax.numpy as jnp
 
-  from aiayn_flax import accelerator_targets, programs, sharding, train_step
+  from aiayn_flax.planning import accelerator_targets
+  from aiayn_flax import programs, sharding, train_step
   from aiayn_flax.data import bucketing
   target = accelerator_targets.target(target_name)
   target_devices = accelerator_targets.topology_devices(target)

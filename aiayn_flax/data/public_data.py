@@ -21,7 +21,7 @@ replaces https://raw.githubusercontent.com in every URL (a mirror; the tests ser
 from a local HTTP server this way). A file is written only after its SHA-256 matched, under a
 temporary name renamed into place, so a file present in the cache is a checked one.
 
-`python -m aiayn_flax.public_data GROUP...` fetches groups of them and prints the folder that
+`python -m aiayn_flax.data.public_data GROUP...` fetches groups of them and prints the folder that
 holds them: $AIAYN_DATA_DIR where that has them all, else the cache.
 """
 import argparse
@@ -199,7 +199,7 @@ GROUPS = {"test_data": TEST_DATA, "silver_text": SILVER_TEXT, "multi30k": MULTI3
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(
-      prog="python -m aiayn_flax.public_data",
+      prog="python -m aiayn_flax.data.public_data",
       description="Fetch groups of public files; print the folder that holds them.")
   parser.add_argument("groups", nargs="+", choices=sorted(GROUPS))
   files = [file for group in parser.parse_args(argv).groups for file in GROUPS[group]]
@@ -210,7 +210,7 @@ def main(argv=None) -> None:
   try:
     print(fetch_all(files))
   except DownloadError as e:
-    sys.exit(f"python -m aiayn_flax.public_data: error: {e}")
+    sys.exit(f"python -m aiayn_flax.data.public_data: error: {e}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ The micro-batch is the most slots that fit in (usable memory - state); accumulat
 make up the rest of the budget:
   data-parallel devices x micro_batch_tokens x accumulation_steps >= padded budget.
 
-`python -m aiayn_flax.dry_run --table` prints docs/SCALE.md's table (base and big on
+`python -m aiayn_flax.planning.dry_run --table` prints docs/SCALE.md's table (base and big on
 TPU v3-8, v4-8, v5e-8, 8 x V100, 8 x A100, 8 and 1 x H100, beside the paper's 8 x P100), with
 the memory XLA reported for the rows compiled with `train.py --dry_run --target=...`
 (compiled_plan.py). `--target` also prints this plan for the target's devices.
@@ -27,7 +27,8 @@ import math
 
 import jax
 
-from aiayn_flax import devices, flops, sharding
+from aiayn_flax import devices, sharding
+from aiayn_flax.planning import flops
 from aiayn_flax.data import bucketing
 from aiayn_flax.model import head_dims
 

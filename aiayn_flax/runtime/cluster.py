@@ -42,7 +42,7 @@ def initialize_distributed() -> None:
   import jax  # here: a failed start asks `maybe_launched_with_others` without importing jax
   arguments = join_arguments(os.environ, launched_process_count())
   if arguments is not None:
-    # The trainer agrees on stops itself, for SIGTERM and SIGINT alike (aiayn_flax/stops.py):
+    # The trainer agrees on stops itself, for SIGTERM and SIGINT alike (runtime/stops.py):
     # JAX's preemption service would install its own SIGTERM handler beside ours.
     jax.config.update("jax_enable_preemption_service", False)
     device_ids = local_device_ids(os.environ, host_gpu_count())

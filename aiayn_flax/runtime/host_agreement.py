@@ -20,7 +20,7 @@ import json
 import jax
 from etils import epath
 
-from aiayn_flax import process_zero
+from aiayn_flax.runtime import process_zero
 
 
 class HostsDisagree(ValueError):

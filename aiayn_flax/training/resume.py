@@ -1,0 +1,103 @@
+"""Resuming a run: the config fields that may change between a run and its resumption, the
+parameters' digest that compares two runs, and the restore of the newest readable checkpoint."""
+import hashlib
+import json
+
+import jax
+import numpy as np
+from absl import logging
+
+from aiayn_flax import config_checks, sharding
+from aiayn_flax.data import bucketing
+from aiayn_flax.runtime import checkpoints
+
+# Config fields that may differ between a run and its resumption: they change neither the
+# model, nor the optimizer, nor the batches it sees.
+SAFE_TO_CHANGE_ON_RESUME = frozenset({
+    "name", "num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
+    "checkpoint_every_minutes",
+    "keep_checkpoints", "eval_decode_sentences", "beam_size", "length_penalty_alpha",
+    "decode_extra_length", "decode_batch_size", "decode_constrained", "average_last_checkpoints",
+    "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
+    "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches",
+    "compilation_cache_dir", "host_local_batches",
+    "dcn_mesh"})  # dcn_mesh: where devices sit, not what they do
+# Fields that may differ on resume when the batches are checked to be the same (the batch plan
+# saved with each checkpoint): where the prepared tfds data lives (a bucket in place of process
+# 0's boot disk, say).
+SAME_BATCHES_ON_RESUME = frozenset({"dataset.data_dir"})
+# Fields that earlier versions saved and that no longer exist (they were never read): a run
+# that saved them resumes without a conflict.
+REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer",
+                            "eval_bleu_sentences"})  # renamed eval_decode_sentences
+
+
+def config_dict(config) -> dict:
+  return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def resume_conflicts(saved: dict, current: dict, prefix: str = "",
+                     same_batches: bool = False) -> list[str]:
+  """Dotted names of the fields that differ and matter, e.g. ["model.d_model: 256 -> 512"];
+  with `same_batches` (the run's batches are those it was trained on), not those of
+  SAME_BATCHES_ON_RESUME."""
+  conflicts = []
+  allowed = SAFE_TO_CHANGE_ON_RESUME | REMOVED_FIELDS | (
+      SAME_BATCHES_ON_RESUME if same_batches else frozenset())
+  for key in sorted(set(saved) | set(current)):
+    name = prefix + key
+    old, new = saved.get(key, config_checks.ADDED_FIELDS.get(name)), current.get(key)
+    if isinstance(old, dict) and isinstance(new, dict):
+      conflicts += resume_conflicts(old, new, name + ".", same_batches)
+    elif old != new and name not in allowed:
+      conflicts.append(f"{name}: {old!r} -> {new!r}" + (
+          " (may change where the data there gives the batches trained on, as the checkpoint "
+          "records them: these differ)" if name in SAME_BATCHES_ON_RESUME else ""))
+  return conflicts
+
+
+def params_digest(params) -> str:
+  """sha256 of the parameters (names, shapes, dtypes and bytes), to compare two runs; the same
+  on every process, however the parameters are spread over the hosts."""
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(sharding.host_copy(params))[0]:
+    array = np.ascontiguousarray(leaf)
+    digest.update(f"{jax.tree_util.keystr(path)}{array.shape}{array.dtype}".encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shards: int,
+                    batch_plan: list[str] | None = None):
+  """(state, data position): from the newest checkpoint that can be read, when there is one.
+  Newer ones that cannot be read are moved to workdir/unreadable_checkpoints/ (never deleted),
+  with a warning naming them, so that the run can save those steps again.
+
+  The batch list depends on the number of data shards (a batch's rows are a multiple of it),
+  so the saved data position means something else on another count: that resume is refused
+  (--force_resume continues anyway, from the same position of a different batch list).
+  `batch_plan`: the digests of this run's batch lists, which may let SAME_BATCHES_ON_RESUME
+  fields differ (checkpoints record theirs)."""
+  # The small metadata first: a checkpoint of another config (other shapes) is refused in one
+  # line naming the keys, before orbax would fail on its arrays' shapes.
+  newest_meta = checkpoints.newest_readable(mngr, lambda step: checkpoints.restore_meta(mngr, step))
+  if not newest_meta:
+    return state, bucketing.BatchPosition()
+  saved_meta = newest_meta[0][1]
+  same_batches = batch_plan is not None and saved_meta.get("batch_plan") == batch_plan
+  conflicts = resume_conflicts(saved_meta["config"], config_dict(config),
+                               same_batches=same_batches)
+  saved_shards = saved_meta.get("data_shards", data_shards)  # older runs did not record it
+  if saved_shards != data_shards:
+    conflicts.append(f"data shards (the mesh's data axis): {saved_shards} -> {data_shards}, "
+                     "which changes the batch list")
+  if conflicts and not force_resume:
+    raise ValueError(f"{mngr.directory} was trained with "
+                     f"another config ({'; '.join(conflicts)}); use a fresh --workdir, or "
+                     "--force_resume to continue anyway")
+  abstract = checkpoints.abstract_of(state)
+  [(step, (restored, meta))] = checkpoints.newest_readable(
+      mngr, lambda step: checkpoints.restore(mngr, step, abstract))
+  checkpoints.set_aside(mngr, workdir, [s for s in mngr.all_steps() if s > step])
+  logging.info("Resumed from step %d of %s", step, mngr.directory)
+  return restored, bucketing.BatchPosition(**meta["position"])

@@ -30,6 +30,9 @@ the project has no loss scaling, so it does not plan or run fp16.
 `peak_flops_32bit` is what float32 matmuls reach under JAX's default precision: one bfloat16
 pass on TPU (jax-ml/jax#1856), TF32 on Ampere and Hopper GPUs (jax-ml/jax#4873, #12008), true
 f32 on V100 and P100.
+
+It lies in the model layer although planning/ is its main reader: train_step.py reads the
+compute dtype of a device's kind here, so in planning/ the two layers would import each other.
 """
 import dataclasses
 import os

@@ -2,7 +2,10 @@
 (averaged) parameters, and the test sets it can be scored on.
 
 It imports no task (aiayn_flax/tasks/): a task's own evaluation (parsing/evaluation.py) reads
-a run through this module, so the caller hands in the task where one is needed."""
+a run through this module, so the caller hands in the task where one is needed.
+
+It lies in the model layer, not in runtime/ with the workdir's other readers: it builds the
+model and its parameters' shapes through train_step to restore them."""
 import json
 import os
 

@@ -12,6 +12,10 @@ function of seed and epoch) and builds only the rows its own devices hold
 (`process_row_indices`, `put_process_rows`); arrays no host holds whole are gathered for
 reading with `host_copy`;
 checkpoints are written collectively by orbax, and only host 0 writes logs.
+
+It lies in the model layer although it is planning too (planning/ reads it): the optimizer,
+the train step and the translator place arrays with it, so in planning/ the two
+layers would import each other.
 """
 
 import flax.linen as nn

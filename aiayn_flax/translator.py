@@ -1,5 +1,5 @@
 """Translating lists of sentences with a trained model: the bridge between the model's cached
-decoding, the model-agnostic search in `decoding.py`, and the vocabulary.
+decoding, the model-agnostic search in `decoding/`, and the vocabulary.
 
 Sentences are decoded in batches sorted by source length and put back in input order,
 data-parallel over every device of every process (a pod slice, several GPU hosts): the

@@ -2,7 +2,7 @@
 
 At every step the decoder may choose only among the tokens that keep the sequence a prefix of
 a well-formed tree over exactly the sentence's words (the log-probs the searches of
-`decoding.py` read are rewritten; the model itself is untouched). For a sequence so far with
+`decoding/` read are rewritten; the model itself is untouched). For a sequence so far with
 `depth` brackets open, having placed `done` of the sentence's `n` units (a unit is a source
 piece when the trees write the words, a word when they write XX):
 

@@ -23,6 +23,9 @@ they are handed one and call it. A task owns what differs:
 
 `for_config(config)` picks the task from `config.dataset.name`: this table is the one place
 that maps a dataset to its task.
+
+May import: aiayn_flax.runtime, aiayn_flax.data, aiayn_flax.decoding, aiayn_flax,
+  aiayn_flax.parsing
 """
 from aiayn_flax.tasks.parsing import Parsing
 from aiayn_flax.tasks.toy import ToyReversal

@@ -19,9 +19,10 @@ EVENT_FILE_PATTERN = "events.out.tfevents.*"
 def read_scalars(workdir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """tag -> (steps, values) of every scalar in the workdir's event files, in step order.
 
-  clu writes scalars through tf.summary, which stores them as tensors; older writers store
-  simple values: both are read. A step written twice (a resumed run repeats the steps after
-  its last checkpoint) keeps the value written last.
+  The trainer's writer (training/event_files.py) stores simple values; runs written through
+  clu's tf.summary writer (before 2026-11-28) store tensors: both are read. A step written
+  twice (a resumed run repeats the steps after its last checkpoint) keeps the value written
+  last.
   """
   from tensorboard.backend.event_processing import event_accumulator
   from tensorboard.util import tensor_util

@@ -19,15 +19,43 @@ SETUP = "keep_tensorflow_off_accelerators"
 
 
 @pytest.mark.slow
-def test_tensorflow_sees_only_the_cpu_and_still_works():
-  script = (f"from aiayn_flax.runtime.tensorflow_setup import {SETUP}\n"
-            f"{SETUP}(); {SETUP}()\n"
+@pytest.mark.parametrize("imported_before", [False, True])
+def test_tensorflow_sees_only_the_cpu_and_still_works(imported_before):
+  """Called before TensorFlow is imported, it does not import it, and hides the accelerators
+  the moment it is (the hook); called after, at once. Either way, twice is harmless."""
+  script = (("import tensorflow\n" if imported_before else "")
+            + "import sys\n"
+            f"from aiayn_flax.runtime import tensorflow_setup\n"
+            "hidden = []\n"
+            "hide = tensorflow_setup._hide_accelerators\n"
+            "tensorflow_setup._hide_accelerators = lambda tf: (hidden.append(tf.__name__), "
+            "hide(tf))\n"
+            f"tensorflow_setup.{SETUP}(); tensorflow_setup.{SETUP}()\n"
+            "print('tensorflow' in sys.modules, hidden)\n"
             "import tensorflow as tf\n"
+            "print(hidden)\n"
             "print(sorted({d.device_type for d in tf.config.get_visible_devices()}))\n"
             "print([int(x) for x in tf.data.Dataset.range(3).as_numpy_iterator()])\n")
   result = run_script("-c", script)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert result.stdout.splitlines() == ["['CPU']", "[0, 1, 2]"]
+  first = ("True ['tensorflow', 'tensorflow']" if imported_before else "False []")
+  hidden = "['tensorflow', 'tensorflow']" if imported_before else "['tensorflow']"
+  assert result.stdout.splitlines() == [first, hidden, "['CPU']", "[0, 1, 2]"]
+
+
+@pytest.mark.slow
+def test_a_run_whose_data_needs_no_tf_data_never_imports_tensorflow(tmp_path):
+  """The toy config trains, evaluates, checkpoints and writes TensorBoard's event files
+  without TensorFlow (its import is ~9 s of every start)."""
+  result = run_script("-X", "importtime", "train.py", "--config=configs/toy.py",
+                      "--config.num_train_steps=2", "--config.eval_every_steps=2",
+                      "--config.checkpoint_every_steps=2", "--config.log_every_steps=1",
+                      "--config.dataset.toy_eval_examples=4", f"--workdir={tmp_path}")
+  assert result.returncode == 0, result.stderr[-2000:]
+  imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
+              if line.startswith("import time:")}
+  assert "jax" in imported and "tensorflow" not in imported
+  assert list(tmp_path.glob("events.out.tfevents.*"))
 
 
 def main_statements(path):

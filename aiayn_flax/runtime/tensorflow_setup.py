@@ -4,16 +4,33 @@ TensorFlow's GPU build claims nearly all of every GPU's memory when it first ini
 devices (and a TPU build can claim the TPU), leaving JAX none. Hiding the accelerators from
 TensorFlow before it initialises its devices prevents that; our own dependency is
 `tensorflow-cpu`, which has no GPU support, but Colab and many GPU images ship the GPU build.
+
+Importing TensorFlow takes about 9 s on 2 CPU cores, and a run whose data needs no tf.data
+(the toy and parsing-sample configs, evaluate.py on text files) should not pay it. So when
+TensorFlow is not imported yet, the accelerators are hidden the moment it is: an import hook
+does it right after `import tensorflow` finishes, before anything can use it.
 """
+import importlib.abc
+import importlib.machinery
 import os
+import sys
+
+_NAME = "tensorflow"
 
 
 def keep_tensorflow_off_accelerators() -> None:
-  """Makes TensorFlow see only the CPU. Call it before any tf.data or tfds work (the entry
-  points call it first thing in main()); calling it again is harmless. Raises RuntimeError if
-  TensorFlow already initialised a GPU or TPU, which would then hold its memory."""
+  """Makes TensorFlow see only the CPU, now if it is imported already, else as soon as it is.
+  Call it before any tf.data or tfds work (the entry points call it first thing in main());
+  calling it again is harmless. Raises RuntimeError if TensorFlow already initialised a GPU or
+  TPU, which would then hold its memory."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  import tensorflow as tf
+  if _NAME in sys.modules:
+    _hide_accelerators(sys.modules[_NAME])
+  elif not any(isinstance(finder, _HideOnImport) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _HideOnImport())
+
+
+def _hide_accelerators(tf) -> None:
   for kind in ("GPU", "TPU"):
     if not tf.config.list_physical_devices(kind):
       continue
@@ -24,3 +41,23 @@ def keep_tensorflow_off_accelerators() -> None:
         raise RuntimeError(f"TensorFlow initialised its {kind}s before "
                            "keep_tensorflow_off_accelerators() was called; call it before any "
                            "tf.data or tfds work") from e
+
+
+class _HideOnImport(importlib.abc.MetaPathFinder):
+  """Finds `tensorflow` as the other finders do, and hides the accelerators once its module
+  has run; then steps aside."""
+
+  def find_spec(self, name, path=None, target=None):
+    if name != _NAME:
+      return None
+    sys.meta_path.remove(self)  # once; and the search below must not find this finder again
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    if spec is None or spec.loader is None:
+      return spec
+    run_module = spec.loader.exec_module
+
+    def exec_module(module):
+      run_module(module)
+      _hide_accelerators(module)
+    spec.loader.exec_module = exec_module
+    return spec

@@ -6,11 +6,11 @@ import time
 import jax
 import numpy as np
 from absl import logging
-from clu import metric_writers
 from jax.experimental import multihost_utils
 
 from aiayn_flax import train_step
 from aiayn_flax.runtime import storage_errors
+from aiayn_flax.training import event_files
 
 
 def real_tokens(batch: dict) -> int:
@@ -75,26 +75,31 @@ def evaluate_translations(translator, params, sources, references, task) -> dict
 
 
 class CacheOnlyWriter:
-  """clu's default writer (TensorBoard event files in the workdir, and the log), whose event
-  files are only a copy of what the log says: a write to them that fails (a full disk) warns
-  once and the run goes on, writing the log alone."""
+  """The metrics' writer (TensorBoard event files in the workdir, and the log; event_files.py),
+  whose event files are only a copy of what the log says: a write to them that fails (a full
+  disk) warns once and the run goes on, writing the log alone."""
 
   def __init__(self, workdir: str, just_logging: bool):
     self.workdir = workdir
-    self._writer = metric_writers.create_default_writer(workdir, just_logging=just_logging)
+    self._writer = event_files.create_writer(workdir, just_logging=True)
+    if not just_logging:
+      self._call("open")
 
   def _call(self, name: str, *args):
     try:
-      getattr(self._writer, name)(*args)
-    except Exception as e:  # noqa: BLE001 - TensorFlow raises its own error classes
+      if name == "open":
+        self._writer = event_files.create_writer(self.workdir)
+      else:
+        getattr(self._writer, name)(*args)
+    except Exception as e:  # noqa: BLE001 - gcsfs and the OS raise their own error classes
       reason = storage_errors.cause(e)
       if reason is None:
         raise
       logging.warning("%s: cannot write TensorBoard's event file: %s; the metrics go on in the "
                       "log alone (%s, then restart to have them in TensorBoard again)",
                       self.workdir, reason[0], reason[1])
-      self._writer = metric_writers.LoggingWriter()
-      if name != "flush":
+      self._writer = event_files.create_writer(self.workdir, just_logging=True)
+      if name not in ("open", "flush"):  # the event file is written first: the log is not yet
         getattr(self._writer, name)(*args)
 
   def write_hparams(self, hparams):

@@ -89,12 +89,12 @@ TEST_WORKERS ?= auto
 TESTS ?= tests
 
 test: $(VENV)/installed-test
-	JAX_PLATFORMS=cpu $(PY) -m pytest $(TESTS) -n $(TEST_WORKERS) --dist loadfile --durations=20
+	JAX_PLATFORMS=cpu $(PY) -m pytest $(TESTS) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 # The tests not marked slow (no training, no subprocess, no compiling for an accelerator):
 # a few minutes on 2 cores; `make test` runs them all (docs/TESTS.md).
 test-fast: $(VENV)/installed-test
-	JAX_PLATFORMS=cpu $(PY) -m pytest $(TESTS) -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=10
+	JAX_PLATFORMS=cpu $(PY) -m pytest $(TESTS) -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
 
 clean:
 	rm -rf $(VENV)

@@ -14,6 +14,7 @@ from a test do not count: `make -n`, `sleep`, the EVALB binary, a shell script w
 """
 import contextlib
 import http.server
+import json
 import os
 import pathlib
 import shutil
@@ -173,6 +174,18 @@ def truncate_array_files(workdir, step: int, under: str = "") -> None:
     os.truncate(path, os.path.getsize(path) // 2)
 
 
+# Seconds each test file took in the run of record (docs/TESTS.md), which
+# `pytest tests --record-file-durations` rewrites. The files run longest first: with
+# `--dist loadfile --no-loadscope-reorder` (make test) the workers take them in that order, so
+# a long file does not start last and leave the other worker idle at the end.
+FILE_DURATIONS = pathlib.Path(__file__).with_name("file_durations.json")
+
+
+def pytest_addoption(parser):
+  parser.addoption("--record-file-durations", action="store_true",
+                   help=f"write each test file's seconds to {FILE_DURATIONS.name}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects by marker
 def pytest_collection_modifyitems(items):
   for item in items:
@@ -181,6 +194,26 @@ def pytest_collection_modifyitems(items):
       item.add_marker(pytest.mark.slow)  # trains the toy model (once per worker)
     if "shared_data" in fixtures or "evalb_dir" in fixtures:
       item.add_marker(pytest.mark.needs_data)
+  seconds = json.loads(FILE_DURATIONS.read_text()) if FILE_DURATIONS.exists() else {}
+  new_file = max(seconds.values(), default=0)  # a file not yet timed: as if the longest
+  items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], new_file))  # stable
+
+
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+  """Sums each file's setup, call and teardown seconds (in the process that reports: under
+  xdist the controller receives every worker's reports)."""
+  file = report.nodeid.split("::")[0]
+  _file_seconds[file] = _file_seconds.get(file, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+  if (session.config.getoption("--record-file-durations")
+      and not hasattr(session.config, "workerinput")):
+    FILE_DURATIONS.write_text(json.dumps(
+        {file: round(t) for file, t in sorted(_file_seconds.items())}, indent=1) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,9 @@ gpu-h100x1) on the CPU (no GPU needed: the `aot` extra), reads the optimized pro
   one measured row: base on an H200, 1,657 launches, 46.2 ms of kernels, 58.5 ms per step each
   step waited for (docs/RESULTS.md). These are predictions until a lent GPU times them.
 "Before" is the step with the forms it had until 2026-11-28 (the loss by separate reductions,
-Adam per parameter array, a threefry fold per dropout layer); "after" today's (one-pass loss,
-one-vector Adam, dropout seeds from one key), both compiled in this run. On a TPU target it
+optax's finite check per parameter array, a threefry fold per dropout layer); "after" today's
+(one-pass loss, one finite check over all gradients before Adam per array, dropout seeds from
+one key), both compiled in this run. On a TPU target it
 prints XLA's own cost analysis (FLOPs, bytes accessed) instead.
 """
 import os

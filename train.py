@@ -1,7 +1,9 @@
 """Train a Transformer: python train.py --config=configs/base.py --workdir=runs/base
 
 Any config field can be overridden: --config.num_train_steps=1000 --config.mesh=data:4,model:2.
---dry_run prints the plan (parameters, batch, mesh, FLOPs) without building the model.
+--dry_run prints the plan (parameters, batch, mesh, FLOPs) and the gradient accumulation the
+trainer will choose on these devices (it compiles the step where their memory is known: a GPU,
+a TPU, or --config.device_memory_bytes), without training.
 
 At start it prints the backend and the devices. A paper-scale config (config.needs_accelerator:
 configs/base.py, big.py, big_enfr.py) is refused on the CPU backend unless --config.device=cpu
@@ -48,14 +50,13 @@ def main(argv):
   keep_tensorflow_off_accelerators()  # before any tf.data work: TF must not take GPU memory
   # After flag parsing: keeps --help fast.
   from aiayn_flax.runtime import cluster, compilation_cache, workdir_lease
-  from aiayn_flax.planning import dry_run
   from aiayn_flax.training import checkpoint_room, trainer
   config = FLAGS.config
   if FLAGS.dry_run:
     if FLAGS.target:
       compiled_dry_run(config, FLAGS.target)
     else:
-      print(dry_run.plan_text(config))
+      local_dry_run(config)
     checkpoints_line, fits = checkpoint_room.planned_checkpoints_line(config, FLAGS.workdir)
     if not fits:  # the kept checkpoints' bytes against the workdir's free space
       sys.exit(f"train.py: error: {checkpoints_line}")
@@ -105,10 +106,24 @@ def check_backend(config) -> str | None:
   return None
 
 
+def local_dry_run(config) -> None:
+  """The analytic plan, then the accumulation the trainer will choose on the devices here
+  (compiled where their memory is known: planning/fit.py); exits non-zero in one line when
+  nothing fits."""
+  from aiayn_flax.planning import dry_run, fit
+  print(dry_run.plan_text(config), flush=True)
+  fitted = fit.for_local_devices(config)
+  print(f"fit: {fitted.line}")
+  if not fitted.fits:
+    sys.exit(f"train.py: error: does not fit: {fitted.line}")
+
+
 def compiled_dry_run(config, target_name: str) -> None:
-  """The analytic plan for the target's devices, then the compiled one; exits non-zero with
-  one line when the target is unknown or the run does not fit."""
-  from aiayn_flax.planning import accelerator_targets, compiled_plan, dry_run
+  """For the target's devices: the training step compiled at the accumulation the trainer
+  will choose there (planning/fit.py), the analytic plan at that accumulation, then every
+  program compiled; exits non-zero with one line when the target is unknown or the run does
+  not fit."""
+  from aiayn_flax.planning import accelerator_targets, compiled_plan, dry_run, fit
   try:
     target = accelerator_targets.target(target_name)
   except ValueError as e:
@@ -116,9 +131,17 @@ def compiled_dry_run(config, target_name: str) -> None:
   config = config.copy_and_resolve_references()
   if not config.device:
     config.device, config.num_devices = target.kind, target.num_devices
-  print(dry_run.plan_text(config), flush=True)
   try:
-    result = compiled_plan.compile_run(config, target_name)
+    fitted = fit.for_target(config, target)
+  except ValueError as e:  # no compiler for the target here
+    sys.exit(f"train.py: error: {e}")
+  print(dry_run.plan_text(fitted.config), flush=True)
+  print(f"fit: {fitted.line}", flush=True)
+  if not fitted.fits:
+    sys.exit(f"train.py: error: does not fit: {fitted.line}")
+  try:
+    result = compiled_plan.compile_run(fitted.config, target_name,
+                                       training=fitted.chosen.programs or None)
   except (compiled_plan.DoesNotFit, ValueError) as e:
     sys.exit(f"train.py: error: does not fit: {e}" if isinstance(e, compiled_plan.DoesNotFit)
              else f"train.py: error: {e}")

@@ -14,7 +14,7 @@ ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": F
                 "dataset.mix_ratio": 0.0, "dataset.mix_epochs": 0, "dataset.silver_files": "",
                 "dataset.silver_min_agreement": 0.0,
                 "dataset.silver_min_log_prob_per_word": -100.0,
-                "model.attention_implementation": "written_out"}
+                "model.attention_implementation": "written_out", "device_memory_bytes": 0}
 
 
 def with_added_fields(saved: dict) -> dict:
@@ -59,6 +59,11 @@ def check_config(config) -> None:
          "must be 0 (no prefetching) or positive")
   _check(config.micro_batch_tokens_per_device >= 0, "micro_batch_tokens_per_device",
          config.micro_batch_tokens_per_device, "must be 0 (no limit) or positive")
+  _check(config.get("device_memory_bytes", 0) >= 0, "device_memory_bytes",
+         config.get("device_memory_bytes", 0), "must be 0 (what the devices report) or a "
+         "positive number of bytes per device")
+  _check(0 <= config.get("mfu", 0.0) <= 1, "mfu", config.get("mfu", 0.0),
+         "must be in [0, 1] (0: measured where there is a measurement, else 0.4)")
   _check(config.learning_rate_scale > 0, "learning_rate_scale", config.learning_rate_scale,
          "must be positive")
   _check(0 <= config.label_smoothing < 1, "label_smoothing", config.label_smoothing,

@@ -20,6 +20,8 @@ own 9.5 TFLOP/s (Table 2 footnote; the PCIe card's f32 peak at boost clock). TPU
 TFLOP/s bf16, 16 GiB per chip (cloud.google.com/tpu/docs/v5e); v5p: 459 TFLOP/s bf16, 95 GiB
 per chip (/tpu/docs/v5p). T4: 65 TFLOP/s fp16 tensor, 8.1 f32, 16 GB GDDR6 (15 GiB visible);
 L4: 121 TFLOP/s bf16 dense (242 with sparsity), 60 TF32 dense, 24 GB (NVIDIA datasheets).
+A10G (AWS g5): 70 TFLOP/s bf16 dense, 35 TF32 dense, 24 GB GDDR6 of which nvidia-smi shows
+23028 MiB, 600 GB/s (the figures AWS and NVIDIA give for the g5's A10G, 80 SMs at 1.71 GHz).
 
 bfloat16 units: TPUs, and NVIDIA GPUs from Ampere on (compute capability 8.0: A100, L4, H100).
 V100, T4 and P100 have none: XLA runs a bf16 program there through f32 arithmetic, so their
@@ -81,6 +83,8 @@ KINDS = {k.name: k for k in [
     DeviceKind("t4", "T4 16 GB", 8.1e12, 8.1e12, 15 * GIB, _GPU_FRACTION, "1 x T4 (Colab)", 1,
                bfloat16_units=False),
     DeviceKind("l4", "L4 24 GB", 121e12, 60e12, 24 * 10**9, _GPU_FRACTION, "1 x L4 (Colab)", 1),
+    DeviceKind("a10g", "A10G 24 GB", 70e12, 35e12, 23028 * 2**20, _GPU_FRACTION,
+               "1 x A10G (AWS g5.xlarge)", 1),
     DeviceKind("a100", "A100 SXM4 40 GB", 312e12, 156e12, 40 * GIB, _GPU_FRACTION,
                "8 x A100 (DGX A100)", 8),
     DeviceKind("a100_80gb", "A100 SXM4 80 GB", 312e12, 156e12, 80 * GIB, _GPU_FRACTION,
@@ -98,7 +102,7 @@ KINDS = {k.name: k for k in [
 _LOCAL_PATTERNS = [
     ("tpu_v3", ("tpuv3",)), ("tpu_v4", ("tpuv4",)), ("tpu_v5e", ("tpuv5lite",)),
     ("tpu_v5e", ("tpuv5e",)), ("tpu_v5p", ("tpuv5",)), ("h100", ("h100",)), ("h200", ("h200",)),
-    ("t4", ("teslat4",)), ("l4", ("nvidial4",)),
+    ("t4", ("teslat4",)), ("l4", ("nvidial4",)), ("a10g", ("a10g",)),
     ("a100_80gb", ("a100", "80gb")), ("a100", ("a100",)), ("v100_32gb", ("v100", "32gb")),
     ("v100", ("v100",)), ("p100", ("p100",)),
 ]

@@ -166,9 +166,14 @@ def get_config(row: str = ""):
   c.dcn_mesh = ""
   c.fsdp = False  # also shard every parameter's d_model axis over `data`
   # Gradient accumulation: each device processes at most this many tokens per side per
-  # micro-batch (0: the whole batch at once); the number of micro-batches per optimizer step
-  # follows from tokens_per_batch and the number of data-parallel devices.
+  # micro-batch; the number of micro-batches per optimizer step follows from tokens_per_batch
+  # and the number of data-parallel devices. 0: the trainer chooses at start, compiling the
+  # step for its devices: the whole batch where it fits, else the fewest micro-batches that
+  # fit (one log line says which; aiayn_flax/planning/fit.py). A value given here wins.
   c.micro_batch_tokens_per_device = 0
+  # The memory per device that choice may fill, in bytes: 0 is what jax's allocator may hold
+  # on each (75% of a GPU); CPU devices report none, so nothing is chosen there without it.
+  c.device_memory_bytes = 0
   # Optimizer steps per call of the compiled step (needs micro_batch_tokens_per_device = 0).
   # Above 1, each length bucket's batches come in runs of this many, shuffled as runs, and a
   # run is trained in one loop on the device: on CPU that reuses XLA's temporaries instead of
@@ -194,7 +199,9 @@ def get_config(row: str = ""):
   # the hardware the plan is for and the model FLOPs utilisation assumed for its step time.
   c.device = ""  # "": the local devices; or a kind of devices.py: tpu_v3, tpu_v4, v100, h100...
   c.num_devices = 0  # 0: all local devices, or the device kind's standard host (tpu_v3: 8)
-  c.mfu = 0.4
+  # 0: measured for this model and device where there is a measurement (base on one H200,
+  # docs/RESULTS.md), else 0.4 assumed; the plan says which (mfu_source)
+  c.mfu = 0.0
 
   if row:
     if row not in TABLE3_ROWS:

@@ -227,7 +227,9 @@ def test_a_run_that_cannot_fit_fails_with_one_line(target):
   assert result.returncode != 0
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("train.py: error: does not fit: ")
-  assert "micro_batch_tokens_per_device" in last and "mesh" in last and "fsdp" in last
+  # the fit tried the whole batch and accumulation; the update alone does not fit
+  assert "tried the whole batch" in last and "apply_gradient_sums" in last
+  assert "mesh" in last and "fsdp" in last
   assert "Traceback" not in result.stderr
 
 

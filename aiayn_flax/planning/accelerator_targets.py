@@ -75,6 +75,8 @@ GPUS = {
                      320_000_000_000, 4 * 2**20, 1.59),
     "l4": GpuFigures("NVIDIA L4", (8, 9), 58, 128, 100 * KIB, 99 * KIB, 1536, 24 * 10**9,
                      300_000_000_000, 48 * 2**20, 2.04),
+    "a10g": GpuFigures("NVIDIA A10G", (8, 6), 80, 128, 100 * KIB, 99 * KIB, 1536,
+                       23028 * 2**20, 600_000_000_000, 6 * 2**20, 1.71),
 }
 
 
@@ -120,7 +122,8 @@ TARGETS = {t.name: t for t in [
     _tpu("tpu-v5e-16x2", "tpu_v5e", 32, "v5e:4x4", "default", (2, 4, 1), num_slices=2),
     *(Target(f"gpu-{gpu}x{n}", gpu, n, gpu=gpu)
       for gpu, counts in [("h100", (1, 8)), ("h200", (1, 8)), ("a100", (1, 8)),
-                          ("a100_80gb", (1, 8)), ("v100", (1, 8)), ("t4", (1,)), ("l4", (1,))]
+                          ("a100_80gb", (1, 8)), ("v100", (1, 8)), ("t4", (1,)), ("l4", (1,)),
+                          ("a10g", (1, 4))]
       for n in counts),
     # Two nodes of 8 H100s. (XLA's deviceless GPU topology numbers the hosts' processes but
     # gives every device slice_index 0, where a real cluster gives each host its own: the mesh

@@ -47,10 +47,14 @@ class CompiledProgram:
   alias_bytes: int
   flops: float  # all devices, one call
   collectives: tuple  # sorted (op, devices per group) pairs in the partitioned program
+  # On each device beside the program's own buffers while it runs: an accumulate step's
+  # arguments are the parameters, the sums and a batch, while Adam's moments stay there.
+  resident_bytes: int = 0
 
   @property
   def memory_bytes(self) -> int:
-    return self.argument_bytes + self.output_bytes + self.temporary_bytes - self.alias_bytes
+    return (self.argument_bytes + self.output_bytes + self.temporary_bytes - self.alias_bytes
+            + self.resident_bytes)
 
 
 def largest_memory_bucket(config, model_config, micro_tokens: int, data_shards: int) -> int:
@@ -152,11 +156,109 @@ def collectives(hlo_text: str) -> tuple:
                              for op, groups in _COLLECTIVE.findall(hlo_text)}))
 
 
+def usable_memory(kind: devices.DeviceKind, platform: str) -> int:
+  """What a run may fill of one device of a target: the kind's usable share on a GPU (JAX
+  preallocates 75%), all of a TPU's HBM (its compiler reports an overflow itself)."""
+  return int(kind.memory_bytes * (kind.usable_memory_fraction if platform == "gpu" else 1.0))
+
+
+class TrainingCompiler:
+  """Compiles what one optimizer step runs, as the trainer runs it (programs.py), for a mesh's
+  devices (a target's or the local ones), at the accumulation a config asks for: compile_run's
+  training programs, and the accumulations fit.py tries (the programs do not depend on it)."""
+
+  def __init__(self, config, mesh):
+    self.mesh, self.mesh_axes = mesh, dict(mesh.shape)
+    self.data_shards = self.mesh_axes["data"]
+    self.num_devices = mesh.devices.size
+    self.model = train_step.make_model(config, mesh.devices.flat[0])
+    self.abstract_state = jax.eval_shape(
+        lambda: train_step.create_train_state(config, self.model))
+    self.state_sharding = sharding.train_state_shardings(
+        mesh, self.abstract_state, train_step.logical_param_specs(self.model), config.fsdp)
+    self.programs = training_programs(config, self.model, mesh, self.state_sharding)
+    self.replicated = sharding.replicated(mesh)
+    self.batch_sharding = sharding.batch_sharding(mesh)
+    self.state = _abstract(self.abstract_state, self.state_sharding)
+    rng = jax.eval_shape(lambda: train_step.dropout_key(0))
+    self.rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=self.replicated)
+    self.scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
+    # What stays on each device beside an accumulate step's arguments (the parameters, the
+    # sums, a batch): Adam's moments and the step count.
+    self.resident_bytes = (_shard_bytes(self.abstract_state, self.state_sharding)
+                           - _shard_bytes(self.abstract_state.params, self.state_sharding.params))
+    self._apply = None
+
+  def accumulation(self, config) -> int:
+    return train_step.accumulation_steps(config, self.data_shards)
+
+  def micro_tokens(self, config) -> int:
+    """Real tokens per side of a micro-batch, as the trainer's micro_config."""
+    return config.tokens_per_batch // self.accumulation(config)
+
+  def buckets(self, config) -> list[int]:
+    return _candidate_buckets(config, self.model.config, self.micro_tokens(config),
+                              self.data_shards)
+
+  def batch_of(self, config, length: int):
+    rows = bucketing.batch_size_for(length, bucketing.padded_budget(self.micro_tokens(config)),
+                                    self.data_shards)
+    return f"{rows}x{length}", {
+        key: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=self.batch_sharding)
+        for key in ("inputs", "targets")}
+
+  def compile_step(self, config, length: int) -> list[CompiledProgram]:
+    """What one optimizer step of `config` runs, for batches of the bucket `length`."""
+    shape, batch = self.batch_of(config, length)
+    steps_per_call, n = config.get("steps_per_call", 1), self.num_devices
+    state, programs = self.state, self.programs
+    if self.accumulation(config) == 1 and steps_per_call > 1:
+      # The trainer runs every step through this program, K batches of one shape per call.
+      stacked_sharding = sharding.stacked_batch_sharding(self.mesh)
+      stacked = {key: jax.ShapeDtypeStruct((steps_per_call, *x.shape), jnp.int32,
+                                           sharding=stacked_sharding)
+                 for key, x in batch.items()}
+      return [_compile("train_steps", f"{steps_per_call}x{shape}", programs.steps_fn,
+                       (state, stacked, self.scalar, self.rng), n)]
+    if self.accumulation(config) == 1:
+      return [_compile("train_step", shape, programs.step_fn, (state, batch, self.rng), n)]
+    accumulate = _compile("accumulate_step", shape, programs.accumulate_fn,
+                          (self._sums(), state.params, batch, self.rng, self.scalar,
+                           self.scalar), n)
+    return [dataclasses.replace(accumulate, resident_bytes=self.resident_bytes),
+            self.apply_program()]
+
+  def compile_buckets(self, config) -> dict[int, list[CompiledProgram]]:
+    """compile_step at each bucket that may need the most memory (buckets)."""
+    return {length: self.compile_step(config, length) for length in self.buckets(config)}
+
+  def _sums(self):
+    """The abstract gradient and metric sums an accumulation carries (the batch's shape does
+    not change them)."""
+    shortest = self.data_shards, 8
+    batch = {key: jax.ShapeDtypeStruct(shortest, jnp.int32, sharding=self.batch_sharding)
+             for key in ("inputs", "targets")}
+    grads, metrics = jax.eval_shape(self.programs.accumulate_fn, None, self.state.params, batch,
+                                    self.rng, self.scalar, self.scalar)
+    return (_abstract(grads, self.state_sharding.params),
+            _abstract(metrics, jax.tree.map(lambda _: self.replicated, metrics)))
+
+  def apply_program(self) -> CompiledProgram:
+    """The update from accumulated sums: the same program at every accumulation (compiled
+    once)."""
+    if self._apply is None:
+      self._apply = _compile("apply_gradient_sums", "-", self.programs.apply_fn,
+                             (self.state, *self._sums()), self.num_devices)
+    return self._apply
+
+
 def compile_run(config, target_name: str,
-                include=("train", "eval", "decode", "evaluate"), length: int | None = None) -> dict:
+                include=("train", "eval", "decode", "evaluate"), length: int | None = None,
+                training: dict | None = None) -> dict:
   """Compiles the run's programs for the target (those of `include`; tests leave some out to
   save time) with training batches of the bucket `length` (default: the bucket that needs the
-  most memory); returns the compiled plan (a dict).
+  most memory); returns the compiled plan (a dict). `training`: the training programs already
+  compiled for this config, by bucket (fit.py's chosen trial), not compiled again.
 
   "train": what one optimizer step runs (train_steps with K = steps_per_call stacked batches,
   train_step, or accumulate_step + apply_gradient_sums); "eval": the loss of a validation batch;
@@ -166,63 +268,20 @@ def compile_run(config, target_name: str,
   target_devices = accelerator_targets.topology_devices(target)
   kind = devices.kind(target.kind)
   mesh = sharding.make_mesh(config.mesh, target_devices, config.dcn_mesh)
-  mesh_axes = dict(mesh.shape)
-  model = train_step.make_model(config, target_devices[0])
-  abstract_state = jax.eval_shape(lambda: train_step.create_train_state(config, model))
-  state_sharding = sharding.train_state_shardings(
-      mesh, abstract_state, train_step.logical_param_specs(model), config.fsdp)
-  programs = training_programs(config, model, mesh, state_sharding)
-  replicated, batch_sharding = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-  state = _abstract(abstract_state, state_sharding)
-  params = state.params
-
-  data_shards = mesh_axes["data"]
-  accumulation = train_step.accumulation_steps(config, data_shards)
-  micro_tokens = config.tokens_per_batch // accumulation  # as the trainer's micro_config
-  candidates = ([length] if length is not None else
-                _candidate_buckets(config, model.config, micro_tokens, data_shards))
-  rng = jax.eval_shape(lambda: train_step.dropout_key(0))
-  rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=replicated)
-  scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-  n = len(target_devices)
-  steps_per_call = config.get("steps_per_call", 1)
-
-  def batch_of(length):
-    rows = bucketing.batch_size_for(length, bucketing.padded_budget(micro_tokens), data_shards)
-    return f"{rows}x{length}", {
-        key: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=batch_sharding)
-        for key in ("inputs", "targets")}
-
-  def compile_training(length) -> list[CompiledProgram]:
-    """What one optimizer step runs, for batches of the bucket `length`."""
-    shape, batch = batch_of(length)
-    if accumulation == 1 and steps_per_call > 1:
-      # The trainer runs every step through this program, K batches of one shape per call.
-      stacked_sharding = sharding.stacked_batch_sharding(mesh)
-      stacked = {key: jax.ShapeDtypeStruct((steps_per_call, *x.shape), jnp.int32,
-                                           sharding=stacked_sharding)
-                 for key, x in batch.items()}
-      return [_compile("train_steps", f"{steps_per_call}x{shape}", programs.steps_fn,
-                       (state, stacked, scalar, rng), n)]
-    if accumulation == 1:
-      return [_compile("train_step", shape, programs.step_fn, (state, batch, rng), n)]
-    grads, metrics = jax.eval_shape(programs.accumulate_fn, None, params, batch, rng, scalar,
-                                    scalar)
-    sums = (_abstract(grads, state_sharding.params),
-            _abstract(metrics, jax.tree.map(lambda _: replicated, metrics)))
-    return [_compile("accumulate_step", shape, programs.accumulate_fn,
-                     (sums, params, batch, rng, scalar, scalar), n),
-            _compile("apply_gradient_sums", "-", programs.apply_fn, (state, *sums), n)]
-
+  compiler = TrainingCompiler(config, mesh)
+  model, params = compiler.model, compiler.state.params
+  programs, n = compiler.programs, len(target_devices)
+  accumulation = compiler.accumulation(config)
+  candidates = [length] if length is not None else compiler.buckets(config)
   # Each candidate bucket's training programs are compiled once; the one needing more memory
   # is the run's (compiled even when "train" is left out of the plan, to choose the bucket).
-  training = {}
-  if "train" in include or len(candidates) > 1:
-    training = {length: compile_training(length) for length in candidates}
-    length = max(candidates, key=lambda length: max(p.memory_bytes for p in training[length]))
+  if training is None and ("train" in include or len(candidates) > 1):
+    training = {length: compiler.compile_step(config, length) for length in candidates}
+  if training:
+    length = max(training, key=lambda length: max(p.memory_bytes for p in training[length]))
   else:
     (length,) = candidates
-  shape, batch = batch_of(length)
+  shape, batch = compiler.batch_of(config, length)
   compiled = list(training[length]) if "train" in include else []
   if "eval" in include:
     compiled.append(_compile("eval_step", shape, programs.eval_fn, (params, batch), n))
@@ -246,13 +305,13 @@ def compile_run(config, target_name: str,
         num_devices=n))
 
   largest = max(compiled, key=lambda p: p.memory_bytes)
-  decoding_memory = _training_decode_memory(abstract_state, state_sharding, compiled)
-  usable = int(kind.memory_bytes * (kind.usable_memory_fraction if target.platform == "gpu"
-                                    else 1.0))
+  decoding_memory = _training_decode_memory(compiler.abstract_state, compiler.state_sharding,
+                                            compiled)
+  usable = usable_memory(kind, target.platform)
   return {"target": target.name, "target_devices": f"{n} x {target_devices[0].device_kind}",
           "target_hosts": len({(getattr(d, "slice_index", 0), d.process_index)
                                for d in target_devices}),
-          "target_mesh": ",".join(f"{k}:{v}" for k, v in mesh_axes.items()),
+          "target_mesh": ",".join(f"{k}:{v}" for k, v in compiler.mesh_axes.items()),
           "target_compute_dtype": model.config.dtype,
           "accumulation_steps": accumulation, "programs": compiled, "largest": largest,
           "device_memory": kind.memory_bytes, "usable_device_memory": usable,
@@ -322,7 +381,9 @@ def plan_lines(result: dict) -> list[str]:
   for p in result["programs"]:
     lines.append(f"compiled_{p.name}: {p.shape} memory {p.memory_bytes} = arguments "
                  f"{p.argument_bytes} + outputs {p.output_bytes} + temporaries "
-                 f"{p.temporary_bytes} - aliased {p.alias_bytes}; flops {p.flops:.4g}; "
+                 f"{p.temporary_bytes} - aliased {p.alias_bytes}"
+                 + (f" + resident {p.resident_bytes} (Adam's moments)" if p.resident_bytes
+                    else "") + f"; flops {p.flops:.4g}; "
                  f"collectives {' '.join(f'{op}/{size}' for op, size in p.collectives) or 'none'}")
   largest = result["largest"]
   lines += [f"compiled_memory_per_device: {largest.memory_bytes}",

@@ -2,8 +2,10 @@
 
 By default the plan is for the local devices. `--config.device=KIND` plans for one of the
 kinds in `aiayn_flax/devices.py` (tpu_v3, tpu_v4, v100, a100, h100, p100, ...) on its standard
-host, or on `--config.num_devices` of them; `--config.mfu` is the assumed model FLOPs
-utilisation that turns FLOPs into time.
+host, or on `--config.num_devices` of them. The model FLOPs utilisation (MFU) that turns FLOPs
+into time is `--config.mfu` when given, else the one measured for that model and device where
+there is one (MEASURED_STEPS: base on one H200), else 0.4 assumed; the plan says which
+(`mfu_source`).
 
 Memory, per device:
 - state: f32 parameters, f32 gradients and Adam's two f32 moments (16 bytes per parameter),
@@ -15,7 +17,8 @@ Memory, per device:
 Tokens here are padded slots: `tokens_per_batch` real tokens per side are batched within
 bucketing.padded_budget(tokens_per_batch) slots (1.25x), and memory is planned for that budget.
 The micro-batch is the most slots that fit in (usable memory - state); accumulation steps
-make up the rest of the budget:
+make up the rest of the budget (an estimate: the trainer compiles the step at start and
+chooses the accumulation that fits, planning/fit.py, trying this one first):
   data-parallel devices x micro_batch_tokens x accumulation_steps >= padded budget.
 
 `python -m aiayn_flax.planning.dry_run --table` prints docs/SCALE.md's table (base and big on
@@ -28,7 +31,7 @@ import math
 import jax
 
 from aiayn_flax import devices, sharding
-from aiayn_flax.planning import flops
+from aiayn_flax.planning import flops, kernel_census
 from aiayn_flax.data import bucketing
 from aiayn_flax.model import head_dims
 
@@ -146,6 +149,33 @@ def memory_plan(config, kind: devices.DeviceKind, mesh: dict[str, int],
   }
 
 
+# Steps measured on an accelerator (docs/RESULTS.md, "On an accelerator"): (config name, device
+# kind, devices, compute dtype) -> (batch shape, seconds per step). The plan's MFU for that run
+# is its FLOPs over that time, where the plan's representative batch is the one measured.
+MEASURED_STEPS = {
+    ("base", "h200", 1, "bfloat16"): ("976x32",
+                                      kernel_census.MEASURED_H200_BASE["step_ms"] / 1e3),
+}
+ASSUMED_MFU = 0.4
+
+
+def planned_mfu(config, kind: devices.DeviceKind, num_devices: int, flops_per_step: float,
+                batch_shape: str) -> tuple[float, str]:
+  """(MFU, where it comes from): --config.mfu when given; else the measured one for this
+  model, device and count (MEASURED_STEPS); else ASSUMED_MFU."""
+  if config.get("mfu", 0.0):
+    return config.mfu, "given (--config.mfu)"
+  peak = kind.peak_flops(config.model.dtype)
+  measured = MEASURED_STEPS.get((config.name, kind.name, num_devices, config.model.dtype))
+  if measured and measured[0] == batch_shape and peak:
+    seconds = measured[1]
+    return (flops_per_step / (num_devices * peak * seconds),
+            f"measured: {config.name} on {num_devices} x {kind.name}, {1e3 * seconds:.1f} ms a "
+            f"step at {batch_shape} (docs/RESULTS.md)")
+  return ASSUMED_MFU, ("assumed (measured only for base on 1 x h200: docs/RESULTS.md; set "
+                       "--config.mfu to yours)")
+
+
 def plan(config) -> dict:
   boundaries = bucketing.boundaries_for(config.dataset)
   kind, num_devices = target_devices(config)
@@ -158,7 +188,8 @@ def plan(config) -> dict:
   batch = bucketing.batch_size_for(length, bucketing.padded_budget(config.tokens_per_batch),
                                    mesh["data"])
   flops_per_step = flops.train_flops(config.model, batch, length, length)
-  mfu = config.get("mfu", 0.4)
+  mfu, mfu_source = planned_mfu(config, kind, num_devices, flops_per_step,
+                                f"{batch}x{length}")
   peak = kind.peak_flops(config.model.dtype)
   step_time = flops_per_step / (num_devices * peak * mfu) if peak else 0.0
   plan_ = {
@@ -178,14 +209,15 @@ def plan(config) -> dict:
       "flops_per_step": flops_per_step,
       "flops_batch_shape": f"{batch}x{length}",
       "mfu": mfu,
+      "mfu_source": mfu_source,
       "step_time_s": step_time,
       "training_time_h": step_time * config.num_train_steps / 3600,
       "bucket_boundaries": ",".join(map(str, boundaries)),
       "num_train_steps": config.num_train_steps,
   }
   if memory["accumulation_steps"] > 1 and not config.get("micro_batch_tokens_per_device", 0):
-    plan_["accumulate_with"] = (f"--config.micro_batch_tokens_per_device="
-                              f"{memory['micro_batch_tokens']}")
+    plan_["accumulation_chosen_by"] = ("train.py at start, compiling the step for its devices "
+                                       "(this estimate is its first try; nothing to pass)")
   return plan_
 
 
@@ -196,6 +228,8 @@ def _value_text(key: str, value) -> str:
     return f"{value:.4g}" if value else "unknown (set --config.device=KIND)"
   if key in ("step_time_s", "training_time_h"):
     return f"{value:.4g}" if value else "unknown (set --config.device=KIND)"
+  if key == "mfu":
+    return f"{value:.2f}"
   if isinstance(value, float):
     return f"{value:.4g}"
   return str(value)

@@ -18,7 +18,7 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "checkpoint_every_minutes",
     "keep_checkpoints", "eval_decode_sentences", "beam_size", "length_penalty_alpha",
     "decode_extra_length", "decode_batch_size", "decode_constrained", "average_last_checkpoints",
-    "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu",
+    "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu", "device_memory_bytes",
     "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches",
     "compilation_cache_dir", "host_local_batches",
     "dcn_mesh"})  # dcn_mesh: where devices sit, not what they do

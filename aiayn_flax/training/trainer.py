@@ -12,6 +12,7 @@ from etils import epath
 
 from aiayn_flax import config_checks, sharding, tasks, train_step
 from aiayn_flax.data import bucketing, pipeline, prefetch
+from aiayn_flax.planning import fit
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
 from aiayn_flax.runtime import (checkpoints, host_agreement, paths, process_zero, provenance,
@@ -152,6 +153,7 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
   mesh = sharding.make_mesh(config.mesh, dcn_spec=config.dcn_mesh)
   input_rows = InputRows(mesh, config.host_local_batches)
   logging.info("devices: %s; mesh: %s", jax.devices(), dict(mesh.shape))
+  config = fit.fit_to_devices(config, mesh)  # the accumulation that fits them (planning/fit.py)
 
   task = tasks.for_config(config)
   vocab = pipeline.vocabulary_for(config, workdir, task)

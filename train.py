@@ -107,12 +107,13 @@ def check_backend(config) -> str | None:
 
 
 def local_dry_run(config) -> None:
-  """The analytic plan, then the accumulation the trainer will choose on the devices here
-  (compiled where their memory is known: planning/fit.py); exits non-zero in one line when
-  nothing fits."""
+  """The accumulation the trainer will choose on the devices here (compiled where their
+  memory is known: planning/fit.py), the analytic plan at it, and the fit: line; exits
+  non-zero in one line when nothing fits."""
   from aiayn_flax.planning import dry_run, fit
-  print(dry_run.plan_text(config), flush=True)
   fitted = fit.for_local_devices(config)
+  print(dry_run.plan_text(fitted.plan_config(),
+                          compiled_fit=fitted.chosen is not None and fitted.fits), flush=True)
   print(f"fit: {fitted.line}")
   if not fitted.fits:
     sys.exit(f"train.py: error: does not fit: {fitted.line}")
@@ -135,7 +136,7 @@ def compiled_dry_run(config, target_name: str) -> None:
     fitted = fit.for_target(config, target)
   except ValueError as e:  # no compiler for the target here
     sys.exit(f"train.py: error: {e}")
-  print(dry_run.plan_text(fitted.config), flush=True)
+  print(dry_run.plan_text(fitted.plan_config(), compiled_fit=fitted.fits), flush=True)
   print(f"fit: {fitted.line}", flush=True)
   if not fitted.fits:
     sys.exit(f"train.py: error: does not fit: {fitted.line}")

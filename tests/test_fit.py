@@ -40,6 +40,20 @@ def test_the_most_micro_batches_still_hold_a_row_of_the_longest_bucket_per_shard
   assert bucketing.padded_budget(config.tokens_per_batch // (k + 1)) // longest < 8
 
 
+def test_the_plan_printed_beside_a_fit_has_the_accumulation_compiled_and_chosen():
+  # An L4's case: the estimate asks for micro-batches, the compiled whole batch fits.
+  config = base.get_config()
+  config.device, config.num_devices = "l4", 1
+  assert dry_run.plan(config)["accumulation_steps"] > 1
+  whole = fit.Trial(1, 0, {}, 14 * 2**30)
+  fitted = fit.Fit(config, 1, True, "...", whole, data_shards=1)
+  lines = dict(line.split(": ", 1) for line in
+               dry_run.plan_text(fitted.plan_config(), compiled_fit=True).splitlines())
+  assert lines["accumulation_steps"] == "1" and "accumulation_chosen_by" not in lines
+  assert lines["fits_in_memory"].startswith("yes, compiled")
+  assert int(lines["padded_tokens_per_optimizer_step"]) == 31250
+
+
 def test_a_budget_and_an_mfu_are_checked():
   config = toy.get_config()
   config.device_memory_bytes = -1

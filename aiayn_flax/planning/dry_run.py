@@ -235,8 +235,14 @@ def _value_text(key: str, value) -> str:
   return str(value)
 
 
-def plan_text(config) -> str:
-  return "\n".join(f"{k}: {_value_text(k, v)}" for k, v in plan(config).items())
+def plan_text(config, compiled_fit: bool = False) -> str:
+  """The plan, one `key: value` a line; `compiled_fit`: the config's accumulation was chosen
+  by compiling the step (planning/fit.py), which decides whether it fits, not the estimate."""
+  plan_ = plan(config)
+  if compiled_fit and plan_["fits_in_memory"] != "yes":
+    plan_["fits_in_memory"] = (f"yes, compiled (the fit: line); the estimate alone says "
+                               f"{plan_['fits_in_memory']}")
+  return "\n".join(f"{k}: {_value_text(k, v)}" for k, v in plan_.items())
 
 
 # The table of docs/SCALE.md: (row label, device kind, device count, compiled target). The

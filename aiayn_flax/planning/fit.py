@@ -58,6 +58,18 @@ class Fit:
   fits: bool
   line: str  # the one line: tried, chosen, the memory of each
   chosen: Trial | None = None  # None: nothing compiled (no memory limit known)
+  data_shards: int = 1
+
+  def plan_config(self):
+    """The config for the analytic plan (dry_run.plan) at the accumulation compiled and
+    chosen: where that is the whole batch, a micro-batch of the whole padded budget (the plan's
+    own estimate might ask for micro-batches the compiled step does not need)."""
+    if self.chosen is None or self.accumulation > 1:
+      return self.config
+    config = self.config.copy_and_resolve_references()
+    budget = bucketing.padded_budget(config.tokens_per_batch)
+    config.micro_batch_tokens_per_device = -(-budget // self.data_shards)
+    return config
 
 
 def micro_batch_tokens(config, accumulation: int, data_shards: int) -> int:
@@ -103,6 +115,11 @@ def choose(config, mesh, usable: int | None, where: str, kind: devices.DeviceKin
   """The accumulation for `config` on `mesh` (its devices, here or a target's) within `usable`
   bytes per device (None: unknown, nothing compiled); `where` names the devices and the
   memory's source for the line; `kind` is their kind (for the analytic estimate)."""
+  return dataclasses.replace(_choose(config, mesh, usable, where, kind),
+                             data_shards=dict(mesh.shape)["data"])
+
+
+def _choose(config, mesh, usable, where, kind) -> Fit:
   given = config.get("micro_batch_tokens_per_device", 0)
   if usable is None:
     return Fit(config, train_step.accumulation_steps(config, dict(mesh.shape)["data"]), True,

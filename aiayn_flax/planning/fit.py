@@ -236,7 +236,17 @@ def for_local_devices(config, mesh=None) -> Fit:
     return Fit(config, train_step.accumulation_steps(config, 1), True,
                f"not compiled: the plan is for config.device={planned}, not the "
                f"{local[0].device_kind} devices here (--target compiles for a kind without it)")
-  mesh = mesh or sharding.make_mesh(config.mesh, dcn_spec=config.dcn_mesh)
+  planned_count = config.get("num_devices", 0)
+  if mesh is None and planned_count and planned_count != jax.device_count():
+    return Fit(config, train_step.accumulation_steps(config, 1), True,
+               f"not compiled: the plan is for config.num_devices={planned_count}, not the "
+               f"{jax.device_count()} devices here (--target compiles for a slice without it)")
+  if mesh is None:
+    try:
+      mesh = sharding.make_mesh(config.mesh, dcn_spec=config.dcn_mesh)
+    except ValueError as e:
+      return Fit(config, train_step.accumulation_steps(config, 1), True,
+                 f"not compiled: config.mesh={config.mesh!r} on the devices here: {e}")
   usable, source = local_usable_memory(config, mesh.local_devices)
   where = _where(f"{mesh.devices.size} x {local[0].device_kind}", usable, source)
   return choose(config, mesh, usable, where, kind)

@@ -120,6 +120,7 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
   config.model.attention_implementation = attention
+  config.mfu = config.mfu or dry_run.ASSUMED_MFU  # the plan's assumption, not what this measures
   plan = dry_run.plan(config)  # for the local devices, "auto" dtype resolved for them
   config.model.dtype = plan["compute_dtype"]
   rows, length = map(int, plan["flops_batch_shape"].split("x"))

@@ -16,7 +16,7 @@ Timed on one core (the process is pinned to CPU 0): building the batch list of a
 (lengths, buckets, shuffle), then --batches batches assembled as training takes them, both with
 the rows gathered at once (what the trainer does) and, in the same run, copied one by one (what
 it did before); the planned consumption is the step rate `train.py --dry_run` plans for the
-config on each target (config.mfu of the peak FLOPs).
+config on each target (at the MFU the plan uses: measured where there is one, else 0.4).
 """
 import argparse
 import importlib

@@ -118,6 +118,7 @@ def cache_hits(result) -> set[str]:
 
 
 @pytest.mark.slow  # three train.py processes on 8 simulated devices
+@pytest.mark.timeout(1800)  # 14 minutes on the 2-core CPU beside other work
 def test_the_trainer_accumulates_to_fit_a_budget_and_trains_as_with_the_flag_by_hand(tmp_path):
   # A budget that holds the whole batch: one compile, the step the run then loads.
   whole = toy_run(tmp_path / "whole", "--config.device_memory_bytes=1000000000000",
@@ -148,6 +149,7 @@ def test_the_trainer_accumulates_to_fit_a_budget_and_trains_as_with_the_flag_by_
 
 
 @pytest.mark.slow  # compiles base for a GPU several times: minutes
+@pytest.mark.timeout(2400)  # the T4's: 24 minutes on the 2-core CPU beside other work
 @pytest.mark.parametrize("target", ["gpu-t4x1", "gpu-l4x1"])
 def test_the_dry_run_for_a_small_gpu_fits_with_the_accumulation_the_trainer_will_choose(target):
   result = run_script("train.py", "--config=configs/base.py", "--dry_run", f"--target={target}")

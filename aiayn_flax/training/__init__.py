@@ -2,6 +2,7 @@
 
   trainer.py          train_and_evaluate: config -> data -> model -> state -> the loop
   metrics.py          what the loop reports: progress, training metrics, validation
+  event_files.py      TensorBoard's event files without TensorFlow, and the log lines
   resume.py           resuming: config fields that may change, the newest readable checkpoint
   checkpoint_room.py  whether checkpoints fit: the dry run's line, checks at start and per save
 

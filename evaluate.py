@@ -6,6 +6,7 @@
   python evaluate.py --workdir=runs/multi30k --step=3000 --average_last=3   # 2600, 2800, 3000
   python evaluate.py --workdir=DIR --src_file=my.en --ref_file=my.de
   python evaluate.py --hyp_file=out.de --ref_file=ref.de        # score only, no model
+  python evaluate.py --workdir=runs/parse      # a parser: its validation split (--split=test)
 
 Prints sacreBLEU (cased, 13a, with its signature), chrF, and the paper's tokenized BLEU
 (Moses tokenization + compound splitting); on Multi30k, also the lowercased tokenized BLEU
@@ -26,8 +27,11 @@ from absl import app, flags, logging
 flags.DEFINE_string("workdir", None, "A run's directory (checkpoints, vocabulary, config).")
 flags.DEFINE_string("testset", None, "multi30k/test2016 (…/test2017, test2018, "
                     "test2017_mscoco, validation), wmt14 (newstest2014 EN->DE), split:NAME.")
-flags.DEFINE_string("split", None, "A split of the run's own dataset (same as split:NAME; "
-                    "default: the run's config.dataset.test_split).")
+flags.DEFINE_string("split", None, "A split of the run's own dataset (same as split:NAME). "
+                    "Default by the run's task, as its saved config says: a translation run "
+                    "reads its config.dataset.test_split; a parsing run its "
+                    "config.dataset.eval_split (validation), the test files only when asked "
+                    "(--split=test), as docs/PARSING.md's protocol.")
 flags.DEFINE_string("src_file", None, "Source sentences, one per line.")
 flags.DEFINE_string("ref_file", None, "References, one per line.")
 flags.DEFINE_string("hyp_file", None, "Existing translations to score (with --ref_file).")
@@ -77,6 +81,14 @@ def score_existing_translation() -> None:
   write_outputs(output_dir, os.path.basename(FLAGS.hyp_file) + ".scores", None, scores)
 
 
+def default_split(config, task) -> str:
+  """--split, else by the run's task: a task scored its own way (a parser) reads the validation
+  split (config.dataset.eval_split) unless asked for test; translation its test split."""
+  if FLAGS.split:
+    return FLAGS.split
+  return config.dataset.eval_split if task.evaluate_split else config.dataset.test_split
+
+
 def translate_and_score() -> None:
   import jax
   from aiayn_flax.runtime import paths, process_zero, provenance
@@ -96,7 +108,7 @@ def translate_and_score() -> None:
     if FLAGS.testset or FLAGS.src_file or FLAGS.ref_file:
       raise app.UsageError(f"a {task.name} run is scored on a split of its dataset: --split=NAME")
     task.evaluate_split(
-        FLAGS.workdir, config, FLAGS.split or config.dataset.test_split,
+        FLAGS.workdir, config, default_split(config, task),
         FLAGS.beam_size or config.beam_size,
         config.length_penalty_alpha if FLAGS.alpha is None else FLAGS.alpha,
         FLAGS.average_last or config.average_last_checkpoints,
@@ -113,7 +125,7 @@ def translate_and_score() -> None:
     is_multi30k = False
   else:
     # Default: the run's test split (newstest2014 for WMT14 EN-DE, test2016 for Multi30k).
-    testset = FLAGS.testset or f"split:{FLAGS.split or config.dataset.test_split}"
+    testset = FLAGS.testset or f"split:{default_split(config, task)}"
     sources, references = process_zero.read_once(
         f"test set {testset}", lambda: run_dir.testset_pairs(testset, config, task))
     name = testset.replace("/", "_").replace(":", "_")

@@ -14,10 +14,11 @@ parsing_sample=configs/parsing_sample.py):
   2. on the VALIDATION files, for each decoding mode (constrained to trees over the input's
      words, and --noconstrained: plain beam search then repair, as the paper), decode every
      seed with each beam (--beams), alpha (--alphas) and number of averaged checkpoints
-     (--average_last) and keep the setting of the best mean F1 over the seeds;
+     (--average_last) and keep the setting of the best mean F1 over the seeds; it says where
+     the config's own decoding (evaluate.py's defaults) is not the choice of its mode;
   3. on the TEST files, once per seed: the two modes with their chosen settings, and the
-     paper's setting (beam 21, alpha 0.3, at most input + 300 tokens; --paper_beam) with the
-     config's decoding mode, with its decoding time.
+     paper's setting (beam 21, alpha 0.3, at most input + 300 tokens; --paper_beam,
+     --paper_average_last) with the config's decoding mode, with its decoding time.
 The baselines (right-branching, the vanilla PCFG, the PCFG with parent annotation and
 horizontal Markovization 2, the first two steps of Klein & Manning 2003; all parse words, all
 outputs carry the gold tags: aiayn_flax/parsing/baselines.py) parse the same test files. Each
@@ -56,6 +57,9 @@ flags.DEFINE_list("alphas", ["0.6", "1.0", "1.5", "2.0"],
                   "first table, 1.0, was the largest tried).")
 flags.DEFINE_list("average_last", ["5", "20"], "Numbers of averaged checkpoints tried.")
 flags.DEFINE_integer("paper_beam", 21, "The paper's row: this beam, alpha 0.3, input + 300.")
+flags.DEFINE_integer("paper_average_last", 0, "The paper's row: the last N checkpoints "
+                     "averaged (0: the config's average_last_checkpoints; the final table of "
+                     "2026-11-27 averaged 20, both configs' default then).")
 flags.DEFINE_integer("max_sentences", 0, "Decode only the first N sentences of each split "
                      "(0: all). For tests only.")
 flags.DEFINE_integer("resamples", 1000, "Bootstrap resamples.")
@@ -193,6 +197,25 @@ def choose_on_validation(runs: list[SeedRun], constrained: bool, beams: list[int
   return {k: best[k] for k in ("beam", "alpha", "average_last")}, tried
 
 
+def config_decoding(config) -> dict:
+  """The decoding a config gives evaluate.py by default, in choose_on_validation's keys: the
+  final table's constrained choice for the config's row, which tests/test_parsing_config_defaults.py
+  checks against the recorded table."""
+  return {"beam": config.beam_size, "alpha": config.length_penalty_alpha,
+          "average_last": config.average_last_checkpoints}
+
+
+def compare_with_config(name: str, config, choice: dict) -> bool:
+  """Whether validation chose the config's own decoding (evaluate.py's defaults then give the
+  row); prints what differs where it did not."""
+  defaults = config_decoding(config)
+  if defaults == choice:
+    return True
+  print(f"{name}: validation chose {choice}, the config decodes with {defaults}: evaluate.py's "
+        "defaults do not give this row (pass the choice, or update the config)", flush=True)
+  return False
+
+
 def baseline_rows(gold_config) -> dict:
   """Test lines, counts and scores of the three baselines (every output with the gold tags)."""
   from aiayn_flax.parsing import baselines, bootstrap, evalb, linearize, sentences
@@ -323,11 +346,15 @@ def main(argv):
                                            [float(a) for a in FLAGS.alphas],
                                            [int(n) for n in FLAGS.average_last])
       entry["validation"][mode] = {"chosen": choice, "tried": tried}
+      if constrained == runs[0].config.decode_constrained:
+        entry["validation"][mode]["config_decodes_so"] = compare_with_config(
+            name, runs[0].config, choice)
       test[mode] = (choice | {"constrained": constrained},
                     [run.parse("test", choice["beam"], choice["alpha"], choice["average_last"],
                                constrained) for run in runs])
     paper = {"beam": FLAGS.paper_beam, "alpha": PAPER_ALPHA, "extra_length": PAPER_EXTRA_LENGTH,
-             "average_last": runs[0].config.average_last_checkpoints,
+             "average_last": (FLAGS.paper_average_last
+                              or runs[0].config.average_last_checkpoints),
              "constrained": runs[0].config.decode_constrained}
     test["paper"] = (paper, [run.parse("test", paper["beam"], paper["alpha"],
                                        paper["average_last"], paper["constrained"],

@@ -107,8 +107,9 @@ def tiny_parse_run(shared_data, tmp_path_factory) -> str:
 @pytest.mark.slow
 def test_train_evaluate_translate_commands_give_trees_and_evalb_f1(tiny_parse_run):
   workdir = tiny_parse_run
-  output = run("evaluate.py", f"--workdir={workdir}")
+  output = run("evaluate.py", f"--workdir={workdir}", "--split=test")
   assert "EVALB F1 = " in output and "recall" in output and "complete match" in output
+  assert "the test split, 245 sentences" in output
   gold = open(os.path.join(workdir, "eval", "test.gold")).read().splitlines()
   test = open(os.path.join(workdir, "eval", "test.tst")).read().splitlines()
   assert gold == sentences.gold_lines(SAMPLE, "test") and len(test) == 245
@@ -122,6 +123,20 @@ def test_train_evaluate_translate_commands_give_trees_and_evalb_f1(tiny_parse_ru
   assert nltk.Tree.fromstring(trees[0]).leaves() == ["The", "dog", "barked", "."]
   assert nltk.Tree.fromstring(trees[2]).leaves() == [
       "She", "said", "-LRB-", "twice", "-RRB-", "that", "it", "ran", "."]
+
+
+@pytest.mark.slow
+def test_evaluate_on_a_parsing_run_reads_the_validation_split_unless_asked_for_test(
+    tiny_parse_run, tmp_path):
+  """docs/PARSING.md's protocol: development reads the validation files; the test files only
+  with --split=test (a translation run's default stays its test split)."""
+  output = run("evaluate.py", f"--workdir={tiny_parse_run}", f"--output_dir={tmp_path}")
+  assert "the validation split, 273 sentences" in output
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["validation.gold", "validation.tst"]
+  gold = (tmp_path / "validation.gold").read_text().splitlines()
+  assert gold == sentences.gold_lines(SAMPLE, "validation")
+  test = (tmp_path / "validation.tst").read_text().splitlines()
+  assert f"EVALB F1 = {evalb.score_corpus(gold, test).all.f1:.2f}" in output
 
 
 # Awkward input: (line, the leaves its tree must have; None for an empty output line)

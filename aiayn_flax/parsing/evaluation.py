@@ -56,8 +56,8 @@ def parse_and_score(task, workdir: str, config, split: str, beam_size: int, alph
   directory.mkdir(parents=True, exist_ok=True)
   (directory / f"{split}.gold").write_text("".join(line + "\n" for line in gold))
   (directory / f"{split}.tst").write_text("".join(line + "\n" for line in test))
-  print(f"{scores.all.summary()}; {split}, {len(sources)} sentences, beam {beam_size}, "
-        f"alpha {alpha}, steps {steps}, decoded in {seconds:.0f} s")
+  print(f"{scores.all.summary()}; the {split} split, {len(sources)} sentences, "
+        f"beam {beam_size}, alpha {alpha}, steps {steps}, decoded in {seconds:.0f} s")
   print(f"len<={evalb.COLLINS.cutoff_length}: {scores.up_to_cutoff.summary()}")
   print(f"wrote {directory / (split + '.gold')} and {split}.tst (EVALB: evalb -p COLLINS.prm "
         "GOLD TST)")

@@ -356,6 +356,12 @@ def test_two_hosts_whose_lease_another_run_took_over_both_stop_saving_nothing_mo
   lines = [line for output in outputs for line in output.splitlines()
            if line.startswith("train.py: error")]
   assert re.fullmatch(rf"train\.py: error: {taken}", lines[0]), lines
-  assert re.fullmatch(rf"train\.py: error: process 0 stopped at the workdir's lease: "
-                      rf"LeaseLost: {taken}", lines[1]), lines
+  # Process 1 stops on process 0's verdict, through whichever of the two routes reaches it
+  # first (the save's check of the lease, or the renewal thread's event at a step's stop
+  # agreement: to be decided in one place, issue 56); each is one line naming process 0.
+  assert (re.fullmatch(rf"train\.py: error: process 0 stopped at the workdir's lease: "
+                       rf"LeaseLost: {taken}", lines[1])
+          or lines[1] == ("train.py: error: process 0 found the workdir's lease taken over by "
+                          "another run: this run no longer owns the workdir and stopped without "
+                          "saving a checkpoint")), lines
   assert saved == checkpoint_steps(workdir) == {50}

@@ -54,51 +54,6 @@ def test_imports_are_read_from_functions_too(tmp_path):
   assert {"aiayn_flax.tasks", "aiayn_flax.parsing.evalb"} <= imported_modules(path)
 
 
-def import_cycles(package: pathlib.Path) -> list[list[str]]:
-  """Each circle of imports among a package's modules (top level or inside functions), as the
-  list of modules around it, found by a depth-first walk."""
-  names = {}
-  for path in package.rglob("*.py"):
-    parts = path.relative_to(package.parent).with_suffix("").parts
-    names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-  graph = {name: sorted(m for m in imported_modules(path) if m in names and m != name)
-           for name, path in names.items()}
-  state, stack, cycles = {}, [], []
-
-  def visit(name):
-    state[name] = "open"
-    stack.append(name)
-    for other in graph[name]:
-      if state.get(other) == "open":
-        cycles.append(stack[stack.index(other):] + [other])
-      elif other not in state:
-        visit(other)
-    stack.pop()
-    state[name] = "done"
-
-  for name in sorted(graph):
-    if name not in state:
-      visit(name)
-  return cycles
-
-
-def test_the_library_has_no_circle_of_imports():
-  """run_dir.py once reached up into tasks/ (run_dir -> tasks -> tasks/parsing ->
-  parsing/evaluation -> run_dir): the caller now hands run_dir the task it needs."""
-  cycles = import_cycles(REPO / "aiayn_flax")
-  assert not cycles, "; ".join(" -> ".join(cycle) for cycle in cycles)
-
-
-def test_import_cycles_are_found(tmp_path):
-  package = tmp_path / "pkg"
-  package.mkdir()
-  (package / "__init__.py").write_text("")
-  (package / "a.py").write_text("from pkg import b\n")
-  (package / "b.py").write_text("def f():\n  import pkg.c\n")
-  (package / "c.py").write_text("from pkg import a\n")
-  assert import_cycles(package) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
-
-
 def test_each_dataset_has_its_task_and_the_constraint_follows_the_config():
   from configs import multi30k, parsing_sample, toy
   assert isinstance(tasks.for_config(multi30k.get_config()), tasks.Translation)

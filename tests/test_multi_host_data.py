@@ -33,7 +33,10 @@ TINY_MULTI30K = [
     "--config.checkpoint_every_steps=4", "--config.eval_every_steps=4",
     "--config.log_every_steps=2", "--config.eval_decode_sentences=8",
     "--config.checkpoint_asynchronously=false", "--config.average_last_checkpoints=1",
-    "--config.decode_batch_size=16"]
+    "--config.decode_batch_size=16",
+    # A 4-step model stops at the length limit: 10 past the source, not the paper's 50, a
+    # third of the decoding steps (what the tests compare does not depend on it).
+    "--config.decode_extra_length=10"]
 TOY = ["--config=configs/toy.py", "--config.log_every_steps=10",
        "--config.checkpoint_every_steps=10", "--config.eval_every_steps=1000",
        "--config.dataset.toy_eval_examples=20", "--config.checkpoint_asynchronously=false"]

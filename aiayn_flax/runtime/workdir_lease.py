@@ -32,7 +32,10 @@ one that trains, the others refuse, naming it. Each renewal reads the lease firs
 renewing (`lost`, logged) where another run has taken it over: it never writes over the new
 holder's lease. The trainer then stops without saving anything more (`check_still_ours`
 before each checkpoint, and the hosts' stop agreement between them: stops.py), with
-LeaseLost: one line naming the run that took the workdir over.
+LeaseLost: one line naming the run that took the workdir over. Both routes ask this Lease
+(`_taken_over` decides); there are two because the stop agreement is read one call late (it
+never waits for the step just dispatched), while a checkpoint needs the verdict before it is
+written, from a read made then.
 """
 import contextlib
 import datetime

@@ -45,9 +45,11 @@ def check_config(config) -> None:
     if name in config:
       raise ValueError(renamed_field_message(name))
   for key in ("num_train_steps", "tokens_per_batch", "warmup_steps", "log_every_steps",
-              "eval_every_steps", "keep_checkpoints",
+              "keep_checkpoints",
               "average_last_checkpoints", "beam_size", "decode_batch_size", "steps_per_call"):
     _check(config[key] >= 1, key, config[key], "must be a positive integer")
+  _check(config.eval_every_steps >= 0, "eval_every_steps", config.eval_every_steps,
+         "must be 0 (no evaluation while training: evaluate.py afterwards) or positive")
   _check(config.checkpoint_every_steps >= 0, "checkpoint_every_steps",
          config.checkpoint_every_steps, "must be 0 (not by steps) or positive")
   minutes = config.get("checkpoint_every_minutes", 0)

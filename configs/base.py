@@ -131,7 +131,7 @@ def get_config(row: str = ""):
   c.seed = 0
   c.max_consecutive_nonfinite_steps = 20  # skipped NaN/Inf updates in a row before stopping
   c.log_every_steps = 100
-  c.eval_every_steps = 5000
+  c.eval_every_steps = 5000  # and at the end; 0: none while training (evaluate.py afterwards)
   # "Checkpoints written at 10-minute intervals" (6.1), by the clock: a step count would save
   # every few seconds on a fast accelerator (600 steps of big are 14 s on a v4-32). Steps
   # instead: --config.checkpoint_every_minutes=0 --config.checkpoint_every_steps=N (both set:

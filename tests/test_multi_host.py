@@ -17,7 +17,8 @@ from multi_host_launch import launch, reserved_port
 STEPS = 10
 FLAGS = ["train.py", "--config=configs/toy.py", f"--config.num_train_steps={STEPS}",
          "--config.log_every_steps=5", "--config.checkpoint_every_steps=1000",
-         "--config.eval_every_steps=1000", "--config.dataset.toy_eval_examples=10",
+         # No evaluation (about 11 s a launch across two hosts): these tests read parameters.
+         "--config.eval_every_steps=0", "--config.dataset.toy_eval_examples=10",
          "--config.model.dropout_rate=0.1", "--config.label_smoothing=0.1",
          # See multi_device_check.py: Adam's eps 1e-9 turns the last bits of a tiny gradient,
          # which depend on the order of the cross-device sums (gloo across processes, XLA's

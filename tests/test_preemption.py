@@ -24,7 +24,8 @@ from multi_host_launch import launch
 FLAGS = ["train.py", "--config=configs/toy.py", "--config.num_train_steps=20",
          "--config.fsdp=True", "--config.steps_per_call=2", "--config.log_every_steps=2",
          "--config.checkpoint_every_steps=10", "--config.keep_checkpoints=5",
-         "--config.checkpoint_asynchronously=false", "--config.eval_every_steps=1000",
+         # No evaluation (about 11 s a launch across two hosts): these tests read parameters.
+         "--config.checkpoint_asynchronously=false", "--config.eval_every_steps=0",
          "--config.dataset.toy_eval_examples=10", "--config.model.dropout_rate=0.1",
          "--config.label_smoothing=0.1"]
 

@@ -207,3 +207,28 @@ def test_a_validation_decode_leaves_no_copy_of_the_parameters_on_the_devices(tmp
   assert translator.params is None
   model_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   assert device_bytes() - before < model_bytes / 2
+
+
+@pytest.mark.slow  # trains the toy model twice
+def test_eval_every_steps_zero_trains_the_same_steps_without_evaluating(tmp_path):
+  """`eval_every_steps=0`: no evaluation while training, not even at the end (evaluate.py
+  scores the run afterwards); the parameters are those of a run that evaluates; 0 or more."""
+  from aiayn_flax import config_checks
+  from aiayn_flax.training import trainer
+  from configs import toy
+  summaries = {}
+  for every in (0, 4):
+    config = toy.get_config()
+    config.update(num_train_steps=4, eval_every_steps=every, checkpoint_every_steps=4,
+                  log_every_steps=2)
+    config.dataset.toy_eval_examples = 8
+    summaries[every] = trainer.train_and_evaluate(config, str(tmp_path / str(every)))
+  assert not [key for key in summaries[0] if key.startswith("valid/")]
+  assert "valid/loss" in summaries[4] and "valid/exact_match" in summaries[4]
+  assert summaries[0]["step"] == summaries[4]["step"] == 4
+  assert summaries[0]["params_digest"] == summaries[4]["params_digest"]
+  config.eval_every_steps = -1
+  with pytest.raises(ValueError, match=r"^config\.eval_every_steps=-1: must be 0 \(no "
+                                       r"evaluation while training: evaluate\.py afterwards\) "
+                                       r"or positive$"):
+    config_checks.check_config(config)

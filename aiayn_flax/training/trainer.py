@@ -313,7 +313,7 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
                         "continue", stopped_by, step, mngr.directory)
         break
 
-      if step % config.eval_every_steps == 0 or last:
+      if config.eval_every_steps and (step % config.eval_every_steps == 0 or last):
         evaluation = {f"valid/{k}": v for k, v in evaluate_loss(
             programs.eval_fn, state.params, eval_batches, input_rows).items()}
         if num_bleu:

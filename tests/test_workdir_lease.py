@@ -358,7 +358,7 @@ def test_two_hosts_whose_lease_another_run_took_over_both_stop_saving_nothing_mo
   assert re.fullmatch(rf"train\.py: error: {taken}", lines[0]), lines
   # Process 1 stops on process 0's verdict, through whichever of the two routes reaches it
   # first (the save's check of the lease, or the renewal thread's event at a step's stop
-  # agreement: to be decided in one place, issue 56); each is one line naming process 0.
+  # agreement; workdir_lease.py says why there are two); each is one line naming process 0.
   assert (re.fullmatch(rf"train\.py: error: process 0 stopped at the workdir's lease: "
                        rf"LeaseLost: {taken}", lines[1])
           or lines[1] == ("train.py: error: process 0 found the workdir's lease taken over by "

@@ -204,7 +204,8 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
 
   programs = training_programs(config, model, mesh, state_sharding)
   rng = train_step.dropout_key(config.seed)
-  num_bleu = task.validation_sentences(config)
+  # With eval_every_steps 0 nothing is decoded: no validation text read, no translator.
+  num_bleu = task.validation_sentences(config) if config.eval_every_steps else 0
   if num_bleu:
     bleu_sources, bleu_references = process_zero.read_once(  # hosts' disks may differ
         "validation text", lambda: [lines[:num_bleu] for lines in task.sources_and_references(

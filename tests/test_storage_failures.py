@@ -9,6 +9,7 @@ Mounting needs root (CI runs as root); where it is refused these tests say so an
 """
 import contextlib
 import errno
+import logging as python_logging
 import os
 import re
 import subprocess
@@ -19,6 +20,7 @@ import uuid
 
 import numpy as np
 import pytest
+from absl import logging as absl_logging
 
 from aiayn_flax.runtime import checkpoints, storage_errors
 from conftest import REPO
@@ -247,6 +249,59 @@ def test_two_hosts_whose_workdir_fills_both_stop_within_a_minute_in_one_line_eac
     assert checkpoints.finished_steps(str(disk / "run")) == [10]
   # From the fill (after checkpoint 10, or during 20) to the last exit: within a minute.
   assert ended - filler[1] < 60, ended - filler[1]
+
+
+@pytest.fixture
+def library_logs_restored():
+  """train_and_evaluate leaves its log filter and hooks in place when it stops on an error (a
+  library's thread may still be failing): put them back after the test."""
+  handlers = [absl_logging.get_absl_handler(), *python_logging.getLogger().handlers]
+  hooks = sys.unraisablehook, threading.excepthook
+  yield
+  sys.unraisablehook, threading.excepthook = hooks
+  for handler in handlers:
+    handler.removeFilter(storage_errors._QUIET)
+  storage_errors._QUIET.silenced = False
+
+
+def test_a_library_error_logged_after_another_host_s_one_line_stays_off_the_terminal(
+    monkeypatch, tmp_path, caplog, library_logs_restored):
+  """Two hosts fill one disk during a checkpoint: this one stops with the other's one line,
+  and its own orbax thread fails at the full disk a moment later (CI saw that record printed
+  after the line). The record goes to the debug log; a record before the stop still shows."""
+  from configs import toy
+  from aiayn_flax.runtime import host_agreement
+  from aiayn_flax.training import trainer
+
+  def log_from_a_library_thread(message):
+    thread = threading.Thread(target=python_logging.getLogger("orbax").error, args=(message,))
+    thread.start()
+    thread.join()
+
+  def other_host_failed(*args):
+    log_from_a_library_thread("before the stop")
+    raise host_agreement.AnotherHostFailed(
+        "process 1 stopped at the checkpoint of step 20: .../20: cannot write: the disk is full")
+
+  monkeypatch.setattr(trainer, "_held_and_checked", other_host_failed)
+  with pytest.raises(host_agreement.AnotherHostFailed):
+    trainer.train_and_evaluate(toy.get_config(), str(tmp_path))
+  log_from_a_library_thread("RESOURCE_EXHAUSTED: Error writing step/.zarray")
+  shown = [record.getMessage() for record in caplog.records]  # (what the handlers let through)
+  assert shown == ["before the stop"], shown
+
+
+def test_a_library_is_told_from_this_package_by_the_package_s_folder_not_by_its_name(
+    monkeypatch):
+  """A clone named aiayn_flax holds its .venv, and orbax's files with it."""
+  monkeypatch.setattr(storage_errors._QUIET, "silenced", False)
+  def record(path):
+    return python_logging.LogRecord("x", python_logging.ERROR, path, 1, "first\nsecond", None,
+                                    None)
+  orbax = record("/home/u/aiayn_flax/.venv/lib/python3.11/site-packages/orbax/future.py")
+  ours = record(storage_errors.__file__)
+  assert storage_errors._QUIET.filter(orbax) and orbax.getMessage() == "first"
+  assert storage_errors._QUIET.filter(ours) and ours.getMessage() == "first\nsecond"
 
 
 def test_failed_writes_are_named_in_plain_words():

@@ -17,6 +17,7 @@ off the terminal: they go to the debug log, which absl's `--verbosity=1` (`-v 1`
 import contextlib
 import errno
 import logging as python_logging
+import os
 import re
 import sys
 import threading
@@ -102,6 +103,11 @@ def write_failure(error: BaseException, where, intact: str,
                               intact))
 
 
+# This package's files. Not "/aiayn_flax/" anywhere in the path: a clone of that name holds
+# its .venv, and with it orbax's own files.
+_OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
 class _TracebacksToDebug(python_logging.Filter):
   """Takes the traceback off a library's log record (an orbax thread's failed write) and logs
   it at debug level instead; of a message on several lines (asyncio's "Task was destroyed but
@@ -110,7 +116,7 @@ class _TracebacksToDebug(python_logging.Filter):
   silenced = False  # set once the run stops on a failed write: see `stopping`
 
   def filter(self, record):
-    if "/aiayn_flax/" in record.pathname or record.levelno < python_logging.WARNING:
+    if record.pathname.startswith(_OWN_CODE) or record.levelno < python_logging.WARNING:
       return True
     message = record.getMessage()
     if self.silenced:

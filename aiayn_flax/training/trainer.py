@@ -116,11 +116,16 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
           e, checkpoints.checkpoint_dir(workdir) / str(unfinished) if unfinished is not None
           else checkpoints.checkpoint_dir(workdir), checkpoints.intact_text(workdir),
           name_where=unfinished is not None)
-      if failure is None or isinstance(e, (process_zero.ProcessZeroFailed,
-                                           host_agreement.AnotherHostFailed)):
+      another_host = isinstance(e, (process_zero.ProcessZeroFailed,
+                                    host_agreement.AnotherHostFailed))
+      if failure is None and not another_host:
+        raise
+      # This process's orbax threads may still be failing at the same full disk after its
+      # one line: their records go to the debug log, so that the line stays the last.
+      storage_errors.stopping()
+      if another_host:
         raise  # (another process's failure is one line already: it names that process)
       checkpoints.remove_unfinished(workdir)
-      storage_errors.stopping()
       raise failure from e
 
 

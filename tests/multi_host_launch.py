@@ -20,6 +20,8 @@ import tempfile
 
 from conftest import REPO
 
+CLUSTER_SITE = REPO / "tests" / "cluster_site"
+
 
 @contextlib.contextmanager
 def reserved_port(within: range | None = None):
@@ -60,7 +62,14 @@ def cluster_env(port: int, num_processes: int, process_id: int, devices: int) ->
           # A collective whose peer died fails after this long instead of hanging the test.
           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
                        "--xla_cpu_collective_call_terminate_timeout_seconds=300",
-          "TF_CPP_MIN_LOG_LEVEL": "2"}
+          "TF_CPP_MIN_LOG_LEVEL": "2",
+          "PYTHONPATH": pythonpath_with_cluster_site()}
+
+
+def pythonpath_with_cluster_site() -> str:
+  """PYTHONPATH for a process of a test cluster: processes 1.. load the programs process 0
+  compiled from the compilation cache, as on a TPU or GPU cluster (cluster_site/)."""
+  return os.pathsep.join(filter(None, [str(CLUSTER_SITE), os.environ.get("PYTHONPATH")]))
 
 
 def launch(args: list[str], num_processes: int, devices_per_process: int,

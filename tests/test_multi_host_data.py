@@ -22,6 +22,7 @@ import pytest
 
 from aiayn_flax.runtime import workdir_lease
 from conftest import REPO
+from multi_host_launch import pythonpath_with_cluster_site
 from test_cloud_workdir import emulated_gcs  # noqa: F401 - a fixture
 
 TINY_MULTI30K = [
@@ -98,7 +99,8 @@ def run_processes(args: list[str], processes: int, devices: int, timeout: float 
       joined = dict(JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
                     JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                     JAX_NUM_PROCESSES=str(processes),
-                    JAX_PROCESS_ID=str(index)) if processes > 1 else {}
+                    JAX_PROCESS_ID=str(index),
+                    PYTHONPATH=pythonpath_with_cluster_site()) if processes > 1 else {}
       env = environment(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                         **joined)
       if hosts:

@@ -141,9 +141,12 @@ def test_the_trainer_accumulates_to_fit_a_budget_and_trains_as_with_the_flag_by_
   assert accumulation >= 2 and f"chose {accumulation} micro-batches" in line, line
   assert "tried the whole batch: " in line and "MiB (no)" in line  # first, and it did not fit
   assert "jit_apply_gradient_sums" in cache_hits(chosen)  # the fit's compile, loaded
-  by_hand = toy_run(tmp_path / "by_hand", f"--config.micro_batch_tokens_per_device={micro}")
+  # The flag by hand, in the chosen run's cache: the very programs the fit compiled, loaded.
+  by_hand = toy_run(tmp_path / "by_hand", f"--config.micro_batch_tokens_per_device={micro}",
+                    cache=tmp_path / "cache_chosen")
   assert by_hand.returncode == 0, by_hand.stderr[-3000:]
   assert f"--config.micro_batch_tokens_per_device={micro} given, which wins" in by_hand.stderr
+  assert {"jit_accumulate_step", "jit_apply_gradient_sums"} <= cache_hits(by_hand)
   assert LOSS.findall(chosen.stderr) == LOSS.findall(by_hand.stderr) != []
   assert DIGEST.search(chosen.stdout).group(1) == DIGEST.search(by_hand.stdout).group(1)
 

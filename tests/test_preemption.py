@@ -63,10 +63,13 @@ def test_a_signal_to_one_host_stops_every_host_at_the_same_step_then_resumes_exa
   assert "SIGINT received" in stopped[0].stderr
   assert checkpoints.last_steps(str(tmp_path / "run"), 10) == [8]  # saved once, at that step
 
-  resumed = launch(run, 2, 4)
+  resumed = launch(run, 2, 4, env={"JAX_DEBUG_LOG_MODULES": "jax._src.compiler"})
   for result in resumed:
     assert "Resumed from step 8 of" in result.stderr
   assert digests(resumed) == uninterrupted[1]
+  # Process 1 loads the train step that process 0 stored, as on a TPU or GPU cluster, rather
+  # than compiling it while process 0 waits (tests/cluster_site/sitecustomize.py).
+  assert "Persistent compilation cache hit for 'jit_train_steps'" in resumed[1].stderr
 
 
 @pytest.mark.slow

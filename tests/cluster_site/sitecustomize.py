@@ -17,7 +17,9 @@ _MODULE = "jax._src.cache_key"
 
 
 def _same_on_every_process(cache_key) -> None:
-  own_fingerprint = cache_key._hash_accelerator_config
+  own_fingerprint = getattr(cache_key, "_hash_accelerator_config", None)
+  if own_fingerprint is None or not hasattr(cache_key, "_hash_string"):
+    return  # another JAX: the processes compile for themselves, only slower
 
   def hash_accelerator_config(hash_obj, accelerators):
     devices = list(accelerators.flat)

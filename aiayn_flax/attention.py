@@ -6,6 +6,7 @@ initializers with logical axis names, and the hashed-counter dropout that attent
 residuals and source tokens share. model.py builds the layers from these and re-exports the
 names other code reads there (model.Dropout, model.head_dims, ...). Shapes as in model.py.
 """
+import functools
 import hashlib
 import math
 
@@ -145,6 +146,69 @@ def fused_attention(q, k, v, mask, implementation: str):
   return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
 
 
+# Sequence lengths Pallas's Triton kernels take: a power of two up to their 128-row block, a
+# multiple of 128 beyond (jax.experimental.pallas.ops.gpu.attention).
+def pallas_length(length: int) -> int:
+  return 1 << (length - 1).bit_length() if length <= 128 else -(-length // 128) * 128
+
+
+def pallas_self_attention(q, k, v, mask, interpret: bool):
+  """Equation 1 for training's self-attention as Pallas's flash-attention kernels (on a GPU,
+  Triton: one kernel forward, two backward, where XLA launches about 20), for sequences padded
+  at their end: a key padding mask [B, 1, 1, L] (the encoder's) becomes segment ids (1 real, 0
+  padding: a real query sees the real keys, as with the mask), a causal mask [B, 1, L, L] (the
+  decoder's, whose padding keys follow every real query) `causal`. Lengths are padded to
+  pallas_length (zeros, segment 0) and the output cut back. No attention dropout, no weights
+  sown. `interpret` runs the same kernels through Pallas's interpreter (a CPU: tests); else a
+  program lowered for a CPU (the compiled plan's FLOP count of a GPU step) has the attention
+  written out there. q, k, v: [B, L, H, K] (not heads-major, d_k == d_v); returns [B, L, H, K]."""
+  if interpret:
+    return _pallas_kernels(q, k, v, mask, interpret=True)
+  return jax.lax.platform_dependent(q, k, v, mask, cpu=_equation_1,
+                                    default=functools.partial(_pallas_kernels, interpret=False))
+
+
+def _equation_1(q, k, v, mask):
+  """softmax(Q K^T / sqrt(d_k)) V on [B, L, H, K] operands, the softmax in float32."""
+  logits = jnp.einsum("bqhk,blhk->bhql", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
+  weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
+  return jnp.einsum("bhql,blhv->bqhv", weights.astype(v.dtype), v)
+
+
+def _pallas_kernels(q, k, v, mask, interpret: bool):
+  from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+  length = q.shape[1]
+  causal = mask.shape[-2] != 1
+  segment_ids = None if causal else mask[:, 0, 0, :].astype(jnp.int32)
+  padding = pallas_length(length) - length
+  if padding:
+    q, k, v = (jnp.pad(x, ((0, 0), (0, padding), (0, 0), (0, 0))) for x in (q, k, v))
+    if segment_ids is not None:
+      segment_ids = jnp.pad(segment_ids, ((0, 0), (0, padding)))
+  out = pallas_attention.mha(q, k, v, segment_ids, sm_scale=1.0 / math.sqrt(q.shape[-1]),
+                             causal=causal, interpret=interpret)
+  return out[:, :length]
+
+
+def training_implementation(cfg, device, device_count: int) -> str:
+  """model.attention_implementation as training will run it on `device`, one of
+  `device_count`: "auto" is "pallas" (pallas_self_attention) on one GPU that Triton compiles for
+  (compute capability 8.0 or more) when d_k == d_v and there is no attention dropout, else
+  "written_out"; "pallas" on a CPU is "pallas_interpret" (the kernels interpreted: tests). Over
+  several devices XLA would gather a Pallas kernel's operands onto each device, so "auto" keeps
+  the written-out attention there."""
+  requested = cfg.get("attention_implementation", "written_out")
+  if requested == "auto":
+    capability = getattr(device, "compute_capability", "") or "0"
+    d_k, d_v = head_dims(cfg)
+    triton = device.platform == "gpu" and float(capability) >= 8.0
+    fits = device_count == 1 and d_k == d_v and not cfg.attention_dropout_rate
+    return "pallas" if triton and fits else "written_out"
+  if requested == "pallas" and device.platform == "cpu":
+    return "pallas_interpret"
+  return requested
+
+
 def _heads_major(x):
   """[B, L, H, K] -> [B, H, L, K]."""
   return jnp.swapaxes(x, 1, 2)
@@ -167,16 +231,21 @@ class MultiHeadAttention(nn.Module):
     dense = lambda features, name: nn.DenseGeneral(  # noqa: E731
         features, dtype=dtype, kernel_init=_xavier("embed", "heads", "kv"),
         bias_init=_zeros("heads", "kv"), name=name)
-    fused = cfg.get("attention_implementation", "written_out") != "written_out" and not (
-        deterministic or decode)
+    # "auto" unresolved (a model built without train_step.make_model) is written out
+    fused = cfg.get("attention_implementation", "written_out") not in (
+        "written_out", "auto") and not (deterministic or decode)
     if fused and cfg.attention_dropout_rate:
       raise ValueError(f"model.attention_implementation={cfg.attention_implementation} has no "
                        f"attention dropout: set model.attention_dropout_rate=0 (it is "
                        f"{cfg.attention_dropout_rate}) or model.attention_implementation="
                        "written_out")
+    pallas = fused and cfg.attention_implementation.startswith("pallas")
     if self.is_self_attention:
       qkv = dense((cfg.num_heads, 2 * d_k + d_v), "qkv")(x)  # [B, Q, H, 2K+V]
       q, k, v = jnp.split(qkv, [d_k, 2 * d_k], axis=-1)
+      if pallas:
+        return self._output_projection(pallas_self_attention(
+            q, k, v, mask, interpret=cfg.attention_implementation == "pallas_interpret"))
       if fused:
         return self._output_projection(
             fused_attention(q, k, v, mask, cfg.attention_implementation))
@@ -189,7 +258,7 @@ class MultiHeadAttention(nn.Module):
       key_value = lambda: jnp.split(  # noqa: E731  [B, S, H, K], [B, S, H, V]
           dense((cfg.num_heads, d_k + d_v), "key_value")(memory), [d_k], axis=-1)
       project_memory = lambda: tuple(_heads_major(kv) for kv in key_value())  # noqa: E731
-      if fused:
+      if fused and not pallas:  # Pallas's kernel takes one sequence's segment ids
         out = fused_attention(q, *key_value(), mask, cfg.attention_implementation)
       elif decode:  # project the encoder output once, when the cache is created
         def keys_and_transposed_values():  # [B, H, S, K], [B, H, V, S]: see _decoding_attention

@@ -85,12 +85,16 @@ def check_config(config) -> None:
   for key in ("dropout_rate", "attention_dropout_rate", "source_token_dropout_rate"):
     _check(0 <= model[key] < 1, f"model.{key}", model[key], "must be in [0, 1)")
   implementation = model.get("attention_implementation", "written_out")
-  _check(implementation in ("written_out", "cudnn", "xla"), "model.attention_implementation",
-         implementation, "must be 'written_out', 'cudnn' or 'xla'")
-  _check(implementation == "written_out" or model.attention_dropout_rate == 0,
+  _check(implementation in ("auto", "written_out", "pallas", "cudnn", "xla"),
+         "model.attention_implementation", implementation,
+         "must be 'auto', 'written_out', 'pallas', 'cudnn' or 'xla'")
+  _check(implementation in ("auto", "written_out") or model.attention_dropout_rate == 0,
          "model.attention_dropout_rate", model.attention_dropout_rate,
          f"must be 0 with model.attention_implementation={implementation} (no attention dropout "
-         "in jax.nn.dot_product_attention)")
+         "in the fused kernels)")
+  _check(implementation != "pallas" or model.qk_dim == model.v_dim, "model.v_dim", model.v_dim,
+         f"must equal model.qk_dim={model.qk_dim} with model.attention_implementation=pallas "
+         "(its kernels take one head size)")
   _check(model.positions in ("sinusoidal", "learned"), "model.positions", model.positions,
          "must be 'sinusoidal' or 'learned'")
   _check(model.positions != "sinusoidal" or model.d_model % 2 == 0, "model.d_model",

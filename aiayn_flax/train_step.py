@@ -10,17 +10,21 @@ import optax
 from flax import linen as nn
 from flax.training import train_state
 
-from aiayn_flax import devices, loss, model as model_lib, optimizer
+from aiayn_flax import attention, devices, loss, model as model_lib, optimizer
 from aiayn_flax.data import bucketing
 
 
-def make_model(config, device=None) -> model_lib.Transformer:
-  """The config's Transformer, its `model.dtype` resolved for `device` (default: the first
-  local device): "auto" is bfloat16 compute where the device has bf16 units, else float32
-  (devices.compute_dtype). The compiled dry run passes the target's device."""
+def make_model(config, device=None, device_count: int | None = None) -> model_lib.Transformer:
+  """The config's Transformer, its `model.dtype` and `model.attention_implementation` resolved
+  for `device` (default: the first local device), one of `device_count` (default: every
+  device): "auto" dtype is bfloat16 compute where the device has bf16 units, else float32
+  (devices.compute_dtype); "auto" attention attention.training_implementation's. The compiled
+  dry run passes the target's device and count."""
   device = device or jax.devices()[0]
   model = config.model.to_dict()
   model["dtype"] = devices.compute_dtype(model["dtype"], devices.local_kind(device))
+  model["attention_implementation"] = attention.training_implementation(
+      config.model, device, jax.device_count() if device_count is None else device_count)
   return model_lib.Transformer(ml_collections.FrozenConfigDict(model))
 
 

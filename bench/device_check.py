@@ -48,9 +48,11 @@ flags.DEFINE_enum("forms", "auto", ["auto", "before"], "The step's forms: auto, 
                   "picks them (on a GPU: the one-pass loss, Adam on one vector); before: the "
                   "loss by separate reductions, Adam per array and a threefry fold per dropout "
                   "layer, as until 2026-11-28.")
-flags.DEFINE_enum("attention", "written_out", ["written_out", "cudnn", "xla"], "Training's "
-                  "attention (config model.attention_implementation): cudnn is the fused kernel, "
-                  "to be decided on a GPU.")
+flags.DEFINE_enum("attention", "auto", ["auto", "written_out", "pallas", "cudnn", "xla"],
+                  "Training's attention (config model.attention_implementation): auto, as "
+                  "training picks it (on one GPU of compute capability >= 8.0: Pallas's kernels "
+                  "for self-attention; written out with --forms=before); cudnn is the fused "
+                  "kernel, to be decided on a GPU.")
 flags.DEFINE_string("from_file", "", "With --write_results: the table a device run wrote.")
 flags.DEFINE_bool("write_results", False, "Put the table's rows into docs/RESULTS.md.")
 FLAGS = flags.FLAGS
@@ -106,7 +108,7 @@ def peer_milliseconds(python: str, config, rows: int, length: int, steps: int,
 
 def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
           target_logit: str = "auto", forms: str = "auto",
-          attention: str = "written_out") -> str:
+          attention: str = "auto") -> str:
   """One table row for `size`, measured on the first local device."""
   import jax
 
@@ -119,7 +121,8 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
     loss.FORM, optimizer.FORM, attention.DROPOUT_SEEDS = "reductions", "per_array", "make_rng"
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
-  config.model.attention_implementation = attention
+  config.model.attention_implementation = (
+      "written_out" if forms == "before" and attention == "auto" else attention)
   config.mfu = config.mfu or dry_run.ASSUMED_MFU  # the plan's assumption, not what this measures
   plan = dry_run.plan(config)  # for the local devices, "auto" dtype resolved for them
   config.model.dtype = plan["compute_dtype"]

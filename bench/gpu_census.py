@@ -56,6 +56,7 @@ def census_row(size: str, form: str) -> dict:
   module, length = SIZES[size]
   config = importlib.import_module(module).get_config()
   config.steps_per_call = 1
+  config.model.attention_implementation = {"before": "written_out", "after": "auto"}[form]
   set_forms(form)
   start = time.perf_counter()
   text, shape, compiled = kernel_census.train_step_hlo(config, FLAGS.target, length)

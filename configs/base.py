@@ -46,10 +46,12 @@ def model_config(**overrides):
       num_layers=6,  # N, for the encoder and the decoder stacks alike
       dropout_rate=0.1,  # P_drop: sublayer outputs and embeddings + positions (5.4)
       attention_dropout_rate=0.0,  # not in the paper; tensor2tensor's option
-      # training's attention: "written_out" (equation 1 as jnp ops, on every backend), or
+      # training's attention: "auto" (Pallas's Triton kernels for self-attention on one GPU of
+      # compute capability >= 8.0, else written out: attention.training_implementation),
+      # "written_out" (equation 1 as jnp ops, on every backend), "pallas", or
       # jax.nn.dot_product_attention with implementation "cudnn" (a fused kernel, GPUs only,
       # to be decided on a GPU: docs/PERFORMANCE.md) or "xla"; decoding always writes it out
-      attention_implementation="written_out",
+      attention_implementation="auto",
       # not in the paper: the share of source tokens replaced by <unk> in training (word
       # dropout on the input, as parsers trained on small treebanks use it)
       source_token_dropout_rate=0.0,

@@ -159,8 +159,9 @@ def test_the_loss_is_compiled_in_one_pass_for_a_gpu_alone(forms):
 @pytest.mark.slow
 def test_the_gpu_step_launches_at_most_the_censused_kernels():
   """Compiled deviceless for one H100 (the `aot` extra), the quick start's step at 343 x 8:
-  730 kernels when bench/gpu_census.py was last run (1,051 before issue 55's levers), 5%
-  allowed for another XLA; no loop or conditional (a round trip through the host); the loss reads the
+  674 kernels when bench/gpu_census.py was last run (1,051 before issue 55's levers), 5%
+  allowed for another XLA; each of the 8 self-attentions is Pallas's forward kernel and its
+  backward's two; no loop or conditional (a round trip through the host); the loss reads the
   logits twice (once forward, once for their gradient)."""
   pytest.importorskip("jax_cuda12_plugin")
   from configs import multi30k
@@ -169,7 +170,8 @@ def test_the_gpu_step_launches_at_most_the_censused_kernels():
   text, shape, _ = kernel_census.train_step_hlo(config, "gpu-h100x1", 8)
   assert shape == "343x8"
   counted = kernel_census.census(text)
-  assert len(counted["kernels"]) <= 730 * 1.05
+  assert len(counted["kernels"]) <= 674 * 1.05
+  assert sum(k.kind == "Pallas (Triton)" for k in counted["kernels"]) == 3 * 8
   assert counted["while"] == counted["conditional"] == 0
   passes = kernel_census.full_vocabulary_passes(counted["kernels"], 343 * 8 * 8000)
   assert [k.kind for k in passes] == ["reduction", "elementwise"], passes
@@ -180,8 +182,8 @@ def test_the_gpu_update_copies_no_moments_at_base_widths(forms):
   """Base's widths with one layer (a proxy for base, which takes minutes to compile), compiled
   deviceless for one H100: the optimizer's update writes each moment in place. Adam on one
   raveled vector (the GPU form until 2026-11-28) left 67 copies of small moments here (131 in
-  base) and 297 kernels; with one finite check and Adam per array, 1 copy and 221 kernels
-  (5% allowed for another XLA)."""
+  base) and 297 kernels; with one finite check and Adam per array, 1 copy and 221 kernels,
+  201 with the self-attentions in Pallas's kernels (5% allowed for another XLA)."""
   pytest.importorskip("jax_cuda12_plugin")
   from configs import base
   config = base.get_config()
@@ -190,7 +192,7 @@ def test_the_gpu_update_copies_no_moments_at_base_widths(forms):
   assert shape == "976x32"
   kernels = kernel_census.census(text)["kernels"]
   assert sum(k.kind == "copy" for k in kernels) <= 2
-  assert len(kernels) <= 221 * 1.05
+  assert len(kernels) <= 201 * 1.05
 
 
 def test_the_census_reads_kernels_bytes_and_flops_from_hlo_text():
@@ -239,12 +241,16 @@ ENTRY %main (a: bf16[4,8], b: bf16[8,2]) -> (f32[4]) {
       "sum", "r"]
 
 
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
 @pytest.mark.parametrize("pre_layer_norm", [False, True])
-def test_training_through_dot_product_attention_equals_the_written_out_attention(pre_layer_norm):
+def test_training_through_fused_attention_equals_the_written_out_attention(pre_layer_norm,
+                                                                           implementation):
   """model.attention_implementation="xla" runs jax.nn.dot_product_attention with the masks as
-  the cuDNN path passes them (padding as key counts, the decoder's as is_causal): the same
-  training loss and gradients as equation 1 written out, on right-padded batches. ("cudnn"
-  differs only in the implementation argument, which needs a GPU.)"""
+  the cuDNN path passes them (padding as key counts, the decoder's as is_causal); "pallas" runs
+  the self-attentions through Pallas's flash-attention kernels (interpreted on the CPU: the
+  kernels a GPU compiles with Triton), lengths 9 padded to 16, the encoder's padding as segment
+  ids: the same training loss and gradients as equation 1 written out, on right-padded batches.
+  ("cudnn" differs from "xla" only in the implementation argument, which needs a GPU.)"""
   from aiayn_flax import train_step
   from configs import toy
   config = toy.get_config()
@@ -255,8 +261,7 @@ def test_training_through_dot_product_attention_equals_the_written_out_attention
   batch["inputs"][0, 5:] = batch["inputs"][2, 2:] = 0  # padded at the end, as bucketed
   batch["targets"][1, 4:] = batch["targets"][2, 7:] = 0
   results = []
-  for implementation in ("written_out", "xla"):
-    config.model.attention_implementation = implementation
+  for config.model.attention_implementation in ("written_out", implementation):
     model = train_step.make_model(config)
     params = train_step.init_params(model, 0)
     results.append(train_step.loss_and_grads(params, batch, train_step.dropout_key(0),
@@ -265,6 +270,35 @@ def test_training_through_dot_product_attention_equals_the_written_out_attention
   np.testing.assert_allclose(fused_metrics["loss_sum"], metrics["loss_sum"], rtol=1e-5)
   for a, b in zip(jax.tree.leaves(fused_grads), jax.tree.leaves(grads)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_attention_is_pallas_on_one_gpu_that_triton_compiles_for():
+  from aiayn_flax import attention
+  from aiayn_flax.planning import accelerator_targets
+  from configs import base
+  h100, t4 = (accelerator_targets.topology_devices(accelerator_targets.target(name))[0]
+              for name in ("gpu-h100x1", "gpu-t4x1"))
+  cpu = jax.devices("cpu")[0]
+  model = base.get_config().model
+  assert model.attention_implementation == "auto"
+  assert attention.training_implementation(model, h100, 1) == "pallas"
+  assert attention.training_implementation(model, h100, 8) == "written_out"  # gathered
+  assert attention.training_implementation(model, t4, 1) == "written_out"  # 7.5: no Triton
+  assert attention.training_implementation(model, cpu, 1) == "written_out"
+  for changes in ({"attention_dropout_rate": 0.1}, {"qk_dim": 32}):
+    changed = model.copy_and_resolve_references()
+    changed.update(changes)
+    assert attention.training_implementation(changed, h100, 1) == "written_out", changes
+  for requested, expected in (("pallas", "pallas_interpret"), ("written_out", "written_out")):
+    changed = model.copy_and_resolve_references()
+    changed.attention_implementation = requested
+    assert attention.training_implementation(changed, cpu, 1) == expected
+
+
+def test_pallas_lengths_are_powers_of_two_up_to_128_then_multiples_of_128():
+  from aiayn_flax import attention
+  assert [attention.pallas_length(n) for n in (1, 2, 3, 8, 9, 100, 128, 129, 256, 300)] == [
+      1, 2, 4, 8, 16, 128, 128, 256, 256, 384]
 
 
 def test_fused_attention_refuses_attention_dropout():

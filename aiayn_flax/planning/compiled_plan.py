@@ -171,7 +171,7 @@ class TrainingCompiler:
     self.mesh, self.mesh_axes = mesh, dict(mesh.shape)
     self.data_shards = self.mesh_axes["data"]
     self.num_devices = mesh.devices.size
-    self.model = train_step.make_model(config, mesh.devices.flat[0])
+    self.model = train_step.make_model(config, mesh.devices.flat[0], mesh.devices.size)
     self.abstract_state = jax.eval_shape(
         lambda: train_step.create_train_state(config, self.model))
     self.state_sharding = sharding.train_state_shardings(

@@ -103,6 +103,8 @@ def _kind(instruction: Instruction) -> str:
     target = target.group(1) if target else ""
     if "cudnn" in target.lower() and ("fmha" in target.lower() or "attention" in target.lower()):
       return "attention (cuDNN)"
+    if target == "__gpu$xla.gpu.triton":
+      return "Pallas (Triton)"
     return "matmul" if ("gemm" in target.lower() or "matmul" in target.lower()) else target
   if instruction.op in ("copy", "transpose"):
     return "copy"
@@ -241,7 +243,7 @@ def train_step_hlo(config, target_name: str, length: int) -> tuple[str, str, obj
   target = accelerator_targets.target(target_name)
   target_devices = accelerator_targets.topology_devices(target)
   mesh = sharding.make_mesh(config.mesh, target_devices, config.dcn_mesh)
-  model = train_step.make_model(config, target_devices[0])
+  model = train_step.make_model(config, target_devices[0], len(target_devices))
   abstract_state = jax.eval_shape(lambda: train_step.create_train_state(config, model))
   state_sharding = sharding.train_state_shardings(
       mesh, abstract_state, train_step.logical_param_specs(model), config.fsdp)

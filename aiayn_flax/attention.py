@@ -152,20 +152,27 @@ def pallas_length(length: int) -> int:
   return 1 << (length - 1).bit_length() if length <= 128 else -(-length // 128) * 128
 
 
-def pallas_self_attention(q, k, v, mask, interpret: bool):
-  """Equation 1 for training's self-attention as Pallas's flash-attention kernels (on a GPU,
-  Triton: one kernel forward, two backward, where XLA launches about 20), for sequences padded
-  at their end: a key padding mask [B, 1, 1, L] (the encoder's) becomes segment ids (1 real, 0
-  padding: a real query sees the real keys, as with the mask), a causal mask [B, 1, L, L] (the
-  decoder's, whose padding keys follow every real query) `causal`. Lengths are padded to
-  pallas_length (zeros, segment 0) and the output cut back. No attention dropout, no weights
-  sown. `interpret` runs the same kernels through Pallas's interpreter (a CPU: tests); else a
-  program lowered for a CPU (the compiled plan's FLOP count of a GPU step) has the attention
-  written out there. q, k, v: [B, L, H, K] (not heads-major, d_k == d_v); returns [B, L, H, K]."""
+def pallas_attention(q, k, v, mask, cross: bool, interpret: bool):
+  """Equation 1 for training's attention as Pallas's flash-attention kernels (on a GPU, Triton:
+  one kernel forward, two backward, where XLA launches 20-30), for sequences padded at their
+  end. The kernel masks by segment ids (one array for queries and keys) or causally, so: the
+  encoder's key padding mask [B, 1, 1, L] becomes segment ids (1 real, 0 padding: a real query
+  sees the real keys, as with the mask); the decoder's causal mask [B, 1, L, L] `causal` (its
+  padding keys follow every real query); cross-attention's key padding [B, 1, 1, S] a column
+  appended to the head: 1 on the queries, 0 on real keys and -MASKED on padding keys, so that a
+  padding key's logit is about -1e3 after scaling and its weight exactly 0 (a real key's logit
+  gains an exact 0). Lengths are padded to pallas_length and the output cut back. No attention
+  dropout, no weights sown. `interpret` runs the same kernels through Pallas's interpreter (a
+  CPU: tests); else a program lowered for a CPU (the compiled plan's FLOP count of a GPU step)
+  has the attention written out there. q: [B, Q, H, K], k, v: [B, L, H, K] (not heads-major,
+  d_k == d_v); returns [B, Q, H, K]."""
+  kernels = functools.partial(_pallas_kernels, cross=cross, interpret=interpret)
   if interpret:
-    return _pallas_kernels(q, k, v, mask, interpret=True)
-  return jax.lax.platform_dependent(q, k, v, mask, cpu=_equation_1,
-                                    default=functools.partial(_pallas_kernels, interpret=False))
+    return kernels(q, k, v, mask)
+  return jax.lax.platform_dependent(q, k, v, mask, cpu=_equation_1, default=kernels)
+
+
+MASKED = 1e4
 
 
 def _equation_1(q, k, v, mask):
@@ -175,24 +182,29 @@ def _equation_1(q, k, v, mask):
   return jnp.einsum("bhql,blhv->bqhv", weights.astype(v.dtype), v)
 
 
-def _pallas_kernels(q, k, v, mask, interpret: bool):
+def _pallas_kernels(q, k, v, mask, cross: bool, interpret: bool):
   from jax.experimental.pallas.ops.gpu import attention as pallas_attention
-  length = q.shape[1]
-  causal = mask.shape[-2] != 1
-  segment_ids = None if causal else mask[:, 0, 0, :].astype(jnp.int32)
-  padding = pallas_length(length) - length
-  if padding:
-    q, k, v = (jnp.pad(x, ((0, 0), (0, padding), (0, 0), (0, 0))) for x in (q, k, v))
-    if segment_ids is not None:
-      segment_ids = jnp.pad(segment_ids, ((0, 0), (0, padding)))
-  out = pallas_attention.mha(q, k, v, segment_ids, sm_scale=1.0 / math.sqrt(q.shape[-1]),
+  queries, head = q.shape[1], q.shape[-1]
+  length = pallas_length(max(q.shape[1], k.shape[1]))  # the kernel's backward: one length
+  at_end = lambda x: [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)  # noqa: E731
+  real_keys = jnp.pad(mask[:, 0, 0, :], at_end(mask[:, 0, 0, :]))  # [B, L]; unused if causal
+  q, k, v = (jnp.pad(x, at_end(x)) for x in (q, k, v))
+  causal, segment_ids = mask.shape[-2] != 1, None
+  if cross:
+    column = lambda x: jnp.broadcast_to(x.astype(q.dtype), (*q.shape[:3], 1))  # noqa: E731
+    q = jnp.concatenate([q, column(jnp.ones(()))], axis=-1)
+    k = jnp.concatenate([k, column(jnp.where(real_keys, 0.0, -MASKED)[:, :, None, None])], -1)
+    v = jnp.concatenate([v, column(jnp.zeros(()))], axis=-1)
+  elif not causal:
+    segment_ids = real_keys.astype(jnp.int32)
+  out = pallas_attention.mha(q, k, v, segment_ids, sm_scale=1.0 / math.sqrt(head),
                              causal=causal, interpret=interpret)
-  return out[:, :length]
+  return out[:, :queries, :, :head]
 
 
 def training_implementation(cfg, device, device_count: int) -> str:
   """model.attention_implementation as training will run it on `device`, one of
-  `device_count`: "auto" is "pallas" (pallas_self_attention) on one GPU that Triton compiles for
+  `device_count`: "auto" is "pallas" (pallas_attention) on one GPU that Triton compiles for
   (compute capability 8.0 or more) when d_k == d_v and there is no attention dropout, else
   "written_out"; "pallas" on a CPU is "pallas_interpret" (the kernels interpreted: tests). Over
   several devices XLA would gather a Pallas kernel's operands onto each device, so "auto" keeps
@@ -231,24 +243,12 @@ class MultiHeadAttention(nn.Module):
     dense = lambda features, name: nn.DenseGeneral(  # noqa: E731
         features, dtype=dtype, kernel_init=_xavier("embed", "heads", "kv"),
         bias_init=_zeros("heads", "kv"), name=name)
-    # "auto" unresolved (a model built without train_step.make_model) is written out
-    fused = cfg.get("attention_implementation", "written_out") not in (
-        "written_out", "auto") and not (deterministic or decode)
-    if fused and cfg.attention_dropout_rate:
-      raise ValueError(f"model.attention_implementation={cfg.attention_implementation} has no "
-                       f"attention dropout: set model.attention_dropout_rate=0 (it is "
-                       f"{cfg.attention_dropout_rate}) or model.attention_implementation="
-                       "written_out")
-    pallas = fused and cfg.attention_implementation.startswith("pallas")
+    fused = self._fused_form(deterministic or decode)  # None: equation 1 written out
     if self.is_self_attention:
       qkv = dense((cfg.num_heads, 2 * d_k + d_v), "qkv")(x)  # [B, Q, H, 2K+V]
       q, k, v = jnp.split(qkv, [d_k, 2 * d_k], axis=-1)
-      if pallas:
-        return self._output_projection(pallas_self_attention(
-            q, k, v, mask, interpret=cfg.attention_implementation == "pallas_interpret"))
       if fused:
-        return self._output_projection(
-            fused_attention(q, k, v, mask, cfg.attention_implementation))
+        return self._output_projection(fused(q, k, v, mask))
       k, v = _heads_major(k), _heads_major(v)  # [B, H, Q, K]
       if decode:
         return self._decoding_step(q, k, v, mask, cache_length, position, beams)
@@ -258,8 +258,8 @@ class MultiHeadAttention(nn.Module):
       key_value = lambda: jnp.split(  # noqa: E731  [B, S, H, K], [B, S, H, V]
           dense((cfg.num_heads, d_k + d_v), "key_value")(memory), [d_k], axis=-1)
       project_memory = lambda: tuple(_heads_major(kv) for kv in key_value())  # noqa: E731
-      if fused and not pallas:  # Pallas's kernel takes one sequence's segment ids
-        out = fused_attention(q, *key_value(), mask, cfg.attention_implementation)
+      if fused:
+        out = fused(q, *key_value(), mask)
       elif decode:  # project the encoder output once, when the cache is created
         def keys_and_transposed_values():  # [B, H, S, K], [B, H, V, S]: see _decoding_attention
           k, v = project_memory()
@@ -273,6 +273,24 @@ class MultiHeadAttention(nn.Module):
         out = attention(q, *project_memory(), mask, cfg.attention_dropout_rate, deterministic,
                         self)
     return self._output_projection(out)
+
+  def _fused_form(self, inference: bool):
+    """Training's attention on [B, L, H, K] operands as `attention_implementation` asks (a
+    function of q, k, v, mask), or None for equation 1 written out: always at inference, and
+    for "auto" left unresolved (a model built without train_step.make_model)."""
+    cfg = self.config
+    implementation = cfg.get("attention_implementation", "written_out")
+    if inference or implementation in ("written_out", "auto"):
+      return None
+    if cfg.attention_dropout_rate:
+      raise ValueError(f"model.attention_implementation={implementation} has no attention "
+                       f"dropout: set model.attention_dropout_rate=0 (it is "
+                       f"{cfg.attention_dropout_rate}) or model.attention_implementation="
+                       "written_out")
+    if implementation.startswith("pallas"):
+      return functools.partial(pallas_attention, cross=not self.is_self_attention,
+                               interpret=implementation == "pallas_interpret")
+    return functools.partial(fused_attention, implementation=implementation)
 
   def _output_projection(self, out):
     return nn.DenseGeneral(self.config.d_model, axis=(-2, -1), dtype=jnp.dtype(self.config.dtype),

@@ -51,7 +51,7 @@ flags.DEFINE_enum("forms", "auto", ["auto", "before"], "The step's forms: auto, 
 flags.DEFINE_enum("attention", "auto", ["auto", "written_out", "pallas", "cudnn", "xla"],
                   "Training's attention (config model.attention_implementation): auto, as "
                   "training picks it (on one GPU of compute capability >= 8.0: Pallas's kernels "
-                  "for self-attention; written out with --forms=before); cudnn is the fused "
+                  "for attention; written out with --forms=before); cudnn is the fused "
                   "kernel, to be decided on a GPU.")
 flags.DEFINE_string("from_file", "", "With --write_results: the table a device run wrote.")
 flags.DEFINE_bool("write_results", False, "Put the table's rows into docs/RESULTS.md.")

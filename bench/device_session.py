@@ -8,7 +8,7 @@ tool from the repository root, with the Multi30k files carried beside the workin
 In order, each part in a process of its own, each with a time limit, the rest going on when
 one fails (its log says why):
 1. `bench/device_check.py` with the forms of before 2026-11-28 (`--forms=before`), then with
-   today's (the one-pass loss, one-vector Adam, dropout seeds from one key, self-attention in
+   today's (the one-pass loss, one-vector Adam, dropout seeds from one key, attention in
    Pallas's Triton kernels), both sizes; every
    step timed waited for and 20 steps queued with one wait; torch eager and torch.compile beside
    (`--peer_python`, the same interpreter); a trace of 3 steps; XLA's autotuning results saved

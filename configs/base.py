@@ -46,7 +46,7 @@ def model_config(**overrides):
       num_layers=6,  # N, for the encoder and the decoder stacks alike
       dropout_rate=0.1,  # P_drop: sublayer outputs and embeddings + positions (5.4)
       attention_dropout_rate=0.0,  # not in the paper; tensor2tensor's option
-      # training's attention: "auto" (Pallas's Triton kernels for self-attention on one GPU of
+      # training's attention: "auto" (Pallas's Triton kernels on one GPU of
       # compute capability >= 8.0, else written out: attention.training_implementation),
       # "written_out" (equation 1 as jnp ops, on every backend), "pallas", or
       # jax.nn.dot_product_attention with implementation "cudnn" (a fused kernel, GPUs only,

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from aiayn_flax import decoding
+from aiayn_flax import decoding, layer_norm
 # head_dims is read here by the planning code and benches (model.head_dims)
 from aiayn_flax.attention import (Dropout, MultiHeadAttention, SourceTokenDropout,  # noqa: F401
                                   _ones, _xavier, _zeros, causal_mask, head_dims, padding_mask)
@@ -37,8 +37,8 @@ _LAYER_NORM_EPSILON = 1e-6
 
 
 def _layer_norm(dtype, name=None):
-  return nn.LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=dtype, scale_init=_ones("embed"),
-                      bias_init=_zeros("embed"), name=name)
+  return layer_norm.LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=dtype, scale_init=_ones("embed"),
+                              bias_init=_zeros("embed"), name=name)
 
 
 def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:

@@ -277,11 +277,11 @@ def test_training_through_fused_attention_equals_the_written_out_attention(pre_l
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_the_layer_norm_is_flax_s_bit_for_bit_on_the_cpu_and_its_gpu_backward_agrees(dtype):
-  """On the CPU (as on a TPU) layer_norm.LayerNorm is flax.linen.LayerNorm to the bit, values
-  and gradients, with the same parameters; the GPU form (`one_pass`, its backward written out)
-  gives the same values and gradients within float32 rounding."""
+  """On the CPU (as on a TPU) model.LayerNorm is flax.linen.LayerNorm to the bit, values and
+  gradients, with the same parameters; the GPU form (`layer_norm_one_pass`, its backward written
+  out) gives the same values and gradients within float32 rounding."""
   import flax.linen as nn
-  from aiayn_flax import layer_norm, model
+  from aiayn_flax import model
   x = (jax.random.normal(jax.random.key(0), (3, 5, 16)) * 3 + 1).astype(dtype)
   ours, flax_s = model._layer_norm(dtype), nn.LayerNorm(epsilon=1e-6, dtype=dtype)
   params = nn.meta.unbox(ours.init(jax.random.key(1), x))
@@ -296,7 +296,7 @@ def test_the_layer_norm_is_flax_s_bit_for_bit_on_the_cpu_and_its_gpu_backward_ag
   expected = values_and_gradients(flax_s.apply)
   for a, b in zip(jax.tree.leaves(values_and_gradients(ours.apply)), jax.tree.leaves(expected)):
     np.testing.assert_array_equal(a, b)
-  one_pass = lambda p, x: layer_norm.one_pass(  # noqa: E731
+  one_pass = lambda p, x: model.layer_norm_one_pass(  # noqa: E731
       x, p["params"]["scale"], p["params"]["bias"], epsilon=1e-6, dtype=dtype)
   tolerance = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2}[dtype]
   for a, b in zip(jax.tree.leaves(values_and_gradients(one_pass)), jax.tree.leaves(expected)):

@@ -117,8 +117,9 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   if target_logit != "auto":  # one form forced, to time the two against each other
     loss.target_logit = getattr(loss, f"target_logit_by_{target_logit}")
   if forms == "before":
-    from aiayn_flax import attention
-    loss.FORM, optimizer.FORM, attention.DROPOUT_SEEDS = "reductions", "per_array", "make_rng"
+    from aiayn_flax import attention as attention_module  # not the argument's name
+    loss.FORM, optimizer.FORM, attention_module.DROPOUT_SEEDS = (
+        "reductions", "per_array", "make_rng")
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
   config.model.attention_implementation = (

@@ -9,6 +9,7 @@ names other code reads there (model.Dropout, model.head_dims, ...). Shapes as in
 import functools
 import hashlib
 import math
+import re
 
 import flax.linen as nn
 import jax
@@ -211,9 +212,11 @@ def training_implementation(cfg, device, device_count: int) -> str:
   the written-out attention there."""
   requested = cfg.get("attention_implementation", "written_out")
   if requested == "auto":
-    capability = getattr(device, "compute_capability", "") or "0"
+    capability = str(getattr(device, "compute_capability", ""))
     d_k, d_v = head_dims(cfg)
-    triton = device.platform == "gpu" and float(capability) >= 8.0
+    # CUDA's "major.minor"; a ROCm device's "gfx90a" is left to the written-out attention
+    triton = (device.platform == "gpu" and bool(re.fullmatch(r"\d+\.\d+", capability))
+              and float(capability) >= 8.0)
     fits = device_count == 1 and d_k == d_v and not cfg.attention_dropout_rate
     return "pallas" if triton and fits else "written_out"
   if requested == "pallas" and device.platform == "cpu":

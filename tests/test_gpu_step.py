@@ -3,6 +3,7 @@ CPU's compiled step is still the CPU's form, a TPU's lowered loss the reductions
 no more kernels than bench/gpu_census.py counted (docs/PERFORMANCE.md)."""
 import functools
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -317,6 +318,8 @@ def test_auto_attention_is_pallas_on_one_gpu_that_triton_compiles_for():
   assert attention.training_implementation(model, h100, 8) == "written_out"  # gathered
   assert attention.training_implementation(model, t4, 1) == "written_out"  # 7.5: no Triton
   assert attention.training_implementation(model, cpu, 1) == "written_out"
+  rocm = types.SimpleNamespace(platform="gpu", compute_capability="gfx90a")
+  assert attention.training_implementation(model, rocm, 1) == "written_out"
   for changes in ({"attention_dropout_rate": 0.1}, {"qk_dim": 32}):
     changed = model.copy_and_resolve_references()
     changed.update(changes)

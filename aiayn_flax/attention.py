@@ -165,22 +165,16 @@ def pallas_attention(q, k, v, mask, cross: bool, interpret: bool):
   gains an exact 0). Lengths are padded to pallas_length and the output cut back. No attention
   dropout, no weights sown. `interpret` runs the same kernels through Pallas's interpreter (a
   CPU: tests); else a program lowered for a CPU (the compiled plan's FLOP count of a GPU step)
-  has the attention written out there. q: [B, Q, H, K], k, v: [B, L, H, K] (not heads-major,
+  runs it through XLA there (fused_attention, "xla"). q: [B, Q, H, K], k, v: [B, L, H, K] (not heads-major,
   d_k == d_v); returns [B, Q, H, K]."""
   kernels = functools.partial(_pallas_kernels, cross=cross, interpret=interpret)
   if interpret:
     return kernels(q, k, v, mask)
-  return jax.lax.platform_dependent(q, k, v, mask, cpu=_equation_1, default=kernels)
+  through_xla = functools.partial(fused_attention, implementation="xla")
+  return jax.lax.platform_dependent(q, k, v, mask, cpu=through_xla, default=kernels)
 
 
 MASKED = 1e4
-
-
-def _equation_1(q, k, v, mask):
-  """softmax(Q K^T / sqrt(d_k)) V on [B, L, H, K] operands, the softmax in float32."""
-  logits = jnp.einsum("bqhk,blhk->bhql", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
-  weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
-  return jnp.einsum("bhql,blhv->bqhv", weights.astype(v.dtype), v)
 
 
 def _pallas_kernels(q, k, v, mask, cross: bool, interpret: bool):
@@ -188,9 +182,10 @@ def _pallas_kernels(q, k, v, mask, cross: bool, interpret: bool):
   queries, head = q.shape[1], q.shape[-1]
   length = pallas_length(max(q.shape[1], k.shape[1]))  # the kernel's backward: one length
   at_end = lambda x: [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)  # noqa: E731
-  real_keys = jnp.pad(mask[:, 0, 0, :], at_end(mask[:, 0, 0, :]))  # [B, L]; unused if causal
   q, k, v = (jnp.pad(x, at_end(x)) for x in (q, k, v))
   causal, segment_ids = mask.shape[-2] != 1, None
+  if not causal:  # the key padding, [B, L]
+    real_keys = jnp.pad(mask[:, 0, 0, :], at_end(mask[:, 0, 0, :]))
   if cross:
     column = lambda x: jnp.broadcast_to(x.astype(q.dtype), (*q.shape[:3], 1))  # noqa: E731
     q = jnp.concatenate([q, column(jnp.ones(()))], axis=-1)

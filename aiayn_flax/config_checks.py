@@ -92,9 +92,10 @@ def check_config(config) -> None:
          "model.attention_dropout_rate", model.attention_dropout_rate,
          f"must be 0 with model.attention_implementation={implementation} (no attention dropout "
          "in the fused kernels)")
-  _check(implementation != "pallas" or model.qk_dim == model.v_dim, "model.v_dim", model.v_dim,
-         f"must equal model.qk_dim={model.qk_dim} with model.attention_implementation=pallas "
-         "(its kernels take one head size)")
+  per_head = model.d_model // model.num_heads  # what 0 means (attention.head_dims)
+  _check(implementation != "pallas" or (model.qk_dim or per_head) == (model.v_dim or per_head),
+         "model.v_dim", model.v_dim, f"must give the head size model.qk_dim={model.qk_dim} "
+         "gives with model.attention_implementation=pallas (its kernels take one head size)")
   _check(model.positions in ("sinusoidal", "learned"), "model.positions", model.positions,
          "must be 'sinusoidal' or 'learned'")
   _check(model.positions != "sinusoidal" or model.d_model % 2 == 0, "model.d_model",

@@ -79,9 +79,9 @@ def _reciprocal_deviation(mean, mean_of_squares, epsilon):
   return jax.lax.rsqrt(jnp.expand_dims(_variance(mean, mean_of_squares), -1) + epsilon)
 
 
-def layer_norm_as_flax(x, scale, bias, *, epsilon, dtype):
-  """flax.linen.LayerNorm's operations in its order (flax/linen/normalization.py): on a CPU
-  the same bits, values and gradients."""
+def _normalized(x, scale, bias, epsilon, dtype):
+  """(output, E[x], E[x^2]): flax.linen.LayerNorm's operations in its order
+  (flax/linen/normalization.py), so that on a CPU values and gradients are its bits."""
   mean, mean_of_squares = _row_means(x)
   variance = jnp.expand_dims(_variance(mean, mean_of_squares), -1)
   y = x - jnp.expand_dims(mean, -1)
@@ -89,7 +89,11 @@ def layer_norm_as_flax(x, scale, bias, *, epsilon, dtype):
   multiplier *= scale
   y *= multiplier
   y += bias
-  return y.astype(dtype)
+  return y.astype(dtype), mean, mean_of_squares
+
+
+def layer_norm_as_flax(x, scale, bias, *, epsilon, dtype):
+  return _normalized(x, scale, bias, epsilon, dtype)[0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -98,9 +102,7 @@ def _one_pass(x, scale, bias, epsilon, dtype):
 
 
 def _one_pass_forward(x, scale, bias, epsilon, dtype):
-  mean, mean_of_squares = _row_means(x)
-  multiplier = _reciprocal_deviation(mean, mean_of_squares, epsilon) * scale
-  y = (((x - jnp.expand_dims(mean, -1)) * multiplier) + bias).astype(dtype)
+  y, mean, mean_of_squares = _normalized(x, scale, bias, epsilon, dtype)
   return y, (x, mean, mean_of_squares, scale)
 
 

@@ -1,5 +1,6 @@
 """The training state and the jitted steps: pure functions of (state, batch, rng)."""
 import functools
+import math
 
 import jax
 import jax.flatten_util
@@ -12,6 +13,13 @@ from flax.training import train_state
 
 from aiayn_flax import attention, devices, loss, model as model_lib, optimizer
 from aiayn_flax.data import bucketing
+from aiayn_flax.data.vocabulary import PAD_ID
+
+# XLA's GPU matmuls work on tiles: a batch whose rows x length is not a multiple of 256 tokens
+# gets pad and slice kernels around its matmuls and their neighbours (the quick start's 343 x 8,
+# compiled deviceless for an H100: 649 kernels, 565 at 352 x 8). So on one GPU the step appends
+# empty rows (padding only, weight 0 in the loss) up to such a multiple. 0: never.
+ALIGNED_TOKENS = 256
 
 
 def make_model(config, device=None, device_count: int | None = None) -> model_lib.Transformer:
@@ -53,10 +61,35 @@ def dropout_key(seed: int) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed), 1)
 
 
-def loss_and_grads(params, batch, rng, *, model, label_smoothing: float):
+def aligned_rows(rows: int, lengths, multiple: int = ALIGNED_TOKENS) -> int:
+  """The fewest rows >= `rows` that make rows x length a multiple of `multiple` for each of
+  `lengths` (the sources' and the targets'), or `rows` where that would add more than an eighth
+  of them (or `multiple` is 0)."""
+  if not multiple:
+    return rows
+  step = math.lcm(*(multiple // math.gcd(length, multiple) for length in lengths))
+  aligned = -(-rows // step) * step
+  return aligned if 8 * (aligned - rows) <= rows else rows
+
+
+def with_aligned_rows(batch: dict) -> dict:
+  """`batch` with empty rows appended as aligned_rows says: the same loss, metric sums and
+  gradients (the padding's weight is 0), in kernels of a GPU's tile sizes."""
+  rows = batch["inputs"].shape[0]
+  aligned = aligned_rows(rows, [x.shape[1] for x in batch.values()])
+  return jax.tree.map(lambda x: jnp.pad(x, ((0, aligned - rows), (0, 0)),
+                                        constant_values=PAD_ID), batch)
+
+
+def loss_and_grads(params, batch, rng, *, model, label_smoothing: float,
+                   align_rows: bool = False):
   """Gradient of the smoothed loss summed over the batch's real target tokens, and the metric
   sums. The caller divides by the token count: after summing over micro-batches when it
-  accumulates, so that k micro-batches give exactly the update of their concatenation."""
+  accumulates, so that k micro-batches give exactly the update of their concatenation.
+  `align_rows`: computed on with_aligned_rows(batch) (one GPU: programs.aligns_rows)."""
+  if align_rows:
+    batch = with_aligned_rows(batch)
+
   def loss_fn(p):
     logits = model.apply({"params": p}, batch["inputs"], batch["targets"], train=True,
                          rngs={"dropout": rng})
@@ -97,17 +130,17 @@ def gradients_per_token(grad_sums, tokens, one_vector: bool):
 
 
 def train_step(state, batch, rng, *, model, label_smoothing: float, schedule,
-               one_vector: bool = False):
+               one_vector: bool = False, align_rows: bool = False):
   """One optimizer update on one batch; metrics stay on device (the loop fetches them when it
   logs)."""
   step_rng = jax.random.fold_in(rng, state.step)
   grad_sums, metrics = loss_and_grads(state.params, batch, step_rng, model=model,
-                                      label_smoothing=label_smoothing)
+                                      label_smoothing=label_smoothing, align_rows=align_rows)
   return apply_gradient_sums(state, grad_sums, metrics, schedule=schedule, one_vector=one_vector)
 
 
 def train_steps(state, batches, num_steps, rng, *, model, label_smoothing: float, schedule,
-                one_vector: bool = False):
+                one_vector: bool = False, align_rows: bool = False):
   """Several optimizer updates in one call: `batches` stacks K batches of one shape
   ({"inputs": [K, B, L], "targets": [K, B, L]}), of which the first `num_steps` (a traced
   1..K, so one compiled program serves any count) are applied in order, each exactly as
@@ -118,7 +151,7 @@ def train_steps(state, batches, num_steps, rng, *, model, label_smoothing: float
   call reuses them (docs/PERFORMANCE.md). On accelerators it saves host dispatches, like
   TPUEstimator's iterations_per_loop."""
   step = functools.partial(train_step, model=model, label_smoothing=label_smoothing,
-                           schedule=schedule, one_vector=one_vector)
+                           schedule=schedule, one_vector=one_vector, align_rows=align_rows)
   first = jax.tree.map(lambda x: x[0], batches)
   _, metrics_shape = jax.eval_shape(step, state, first, rng)
 
@@ -131,11 +164,12 @@ def train_steps(state, batches, num_steps, rng, *, model, label_smoothing: float
   return jax.lax.fori_loop(0, num_steps, one_step, (state, zeros))
 
 
-def accumulate_step(sums, params, batch, rng, step, micro_step, *, model, label_smoothing: float):
+def accumulate_step(sums, params, batch, rng, step, micro_step, *, model, label_smoothing: float,
+                    align_rows: bool = False):
   """Adds one micro-batch's gradient and metric sums to `sums` (None for the first)."""
   micro_rng = jax.random.fold_in(jax.random.fold_in(rng, step), micro_step)
   grads, metrics = loss_and_grads(params, batch, micro_rng, model=model,
-                                  label_smoothing=label_smoothing)
+                                  label_smoothing=label_smoothing, align_rows=align_rows)
   return (grads, metrics) if sums is None else jax.tree.map(jnp.add, sums, (grads, metrics))
 
 
@@ -149,7 +183,9 @@ def accumulation_steps(config, data_shards: int) -> int:
   return -(-bucketing.padded_budget(config.tokens_per_batch) // (per_device * data_shards))
 
 
-def eval_step(params, batch, *, model, label_smoothing: float):
+def eval_step(params, batch, *, model, label_smoothing: float, align_rows: bool = False):
+  if align_rows:
+    batch = with_aligned_rows(batch)
   logits = model.apply({"params": params}, batch["inputs"], batch["targets"], train=False)
   loss_sum, nll_sum, tokens = loss.label_smoothed_nll(logits, batch["targets"], label_smoothing)
   return {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": tokens}

@@ -13,6 +13,7 @@
   huge_pages.py         the one log line on host malloc's huge pages
   provenance.py         the software versions a run records
   tensorflow_setup.py   TensorFlow (tfds' input pipeline) kept off the accelerators
+  import_hooks.py       code run right after a module is imported, whoever imports it
 
 Knows nothing of models, data or tasks: everything above may import it.
 

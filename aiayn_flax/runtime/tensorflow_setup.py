@@ -11,10 +11,9 @@ evaluate.py on text files) should not pay it. So when
 TensorFlow is not imported yet, the accelerators are hidden the moment it is: an import hook
 does it right after `import tensorflow` finishes, before anything can use it.
 """
-import importlib.abc
-import importlib.machinery
 import os
-import sys
+
+from aiayn_flax.runtime import import_hooks
 
 _NAME = "tensorflow"
 
@@ -25,10 +24,7 @@ def keep_tensorflow_off_accelerators() -> None:
   calling it again is harmless. Raises RuntimeError if TensorFlow already initialised a GPU or
   TPU, which would then hold its memory."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  if _NAME in sys.modules:
-    _hide_accelerators(sys.modules[_NAME])
-  elif not any(isinstance(finder, _HideOnImport) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _HideOnImport())
+  import_hooks.call_after_import(_NAME, _hide_accelerators)
 
 
 def _hide_accelerators(tf) -> None:
@@ -43,22 +39,3 @@ def _hide_accelerators(tf) -> None:
                            "keep_tensorflow_off_accelerators() was called; call it before any "
                            "tf.data or tfds work") from e
 
-
-class _HideOnImport(importlib.abc.MetaPathFinder):
-  """Finds `tensorflow` as the other finders do, and hides the accelerators once its module
-  has run; then steps aside."""
-
-  def find_spec(self, name, path=None, target=None):
-    if name != _NAME:
-      return None
-    sys.meta_path.remove(self)  # once; and the search below must not find this finder again
-    spec = importlib.machinery.PathFinder.find_spec(name, path)
-    if spec is None or spec.loader is None:
-      return spec
-    run_module = spec.loader.exec_module
-
-    def exec_module(module):
-      run_module(module)
-      _hide_accelerators(module)
-    spec.loader.exec_module = exec_module
-    return spec

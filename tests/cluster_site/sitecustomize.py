@@ -9,9 +9,7 @@ processes never find an entry and compile every program again (8-13 s for the to
 step here), while process 0 waits for them at the first collective. For CPU devices the key
 hashes each device's kind, id and process instead, which every process sees alike.
 """
-import importlib.abc
-import importlib.util
-import sys
+from aiayn_flax.runtime import import_hooks  # imports nothing of JAX
 
 _MODULE = "jax._src.cache_key"
 
@@ -32,23 +30,6 @@ def _same_on_every_process(cache_key) -> None:
   cache_key._hash_accelerator_config = hash_accelerator_config
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-  """Patches the module once it is imported, whoever imports it: importing JAX here, before
-  the command sets its environment, could change how JAX starts."""
-
-  def find_spec(self, name, path, target=None):
-    if name != _MODULE:
-      return None
-    sys.meta_path.remove(self)
-    spec = importlib.util.find_spec(name)
-    execute = spec.loader.exec_module
-
-    def exec_module(module):
-      execute(module)
-      _same_on_every_process(module)
-
-    spec.loader.exec_module = exec_module
-    return spec
-
-
-sys.meta_path.insert(0, _AfterImport())
+# Once the module is imported, whoever imports it: importing JAX here, before the command sets
+# its environment, could change how JAX starts.
+import_hooks.call_after_import(_MODULE, _same_on_every_process)

@@ -86,6 +86,10 @@ def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_valu
   assert config_checks.with_added_fields(copy.deepcopy(saved))["model"] == current["model"]
   before_constraint = {k: v for k, v in copy.deepcopy(saved).items() if k != "decode_constrained"}
   assert config_checks.with_added_fields(before_constraint)["decode_constrained"] is True
+  # how attention is computed may change (a run saved when "written_out" was the default)
+  assert resume.resume_conflicts({**saved, "model": {
+      **saved["model"], "attention_implementation": "written_out"}}, {**current, "model": {
+          **current["model"], "attention_implementation": "auto"}}) == []
   saved["dataset"]["max_length"] += 1
   assert resume.resume_conflicts(saved, current) == [
       f"dataset.max_length: {current['dataset']['max_length'] + 1} -> "

@@ -21,7 +21,11 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu", "device_memory_bytes",
     "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches",
     "compilation_cache_dir", "host_local_batches",
-    "dcn_mesh"})  # dcn_mesh: where devices sit, not what they do
+    "dcn_mesh",  # where devices sit, not what they do
+    # How attention is computed, not what: the same parameters and function
+    # (tests/test_gpu_step.py), and "auto" resolves per device anyway; so a run saved before
+    # "auto" became the default resumes.
+    "model.attention_implementation"})
 # Fields that may differ on resume when the batches are checked to be the same (the batch plan
 # saved with each checkpoint): where the prepared tfds data lives (a bucket in place of process
 # 0's boot disk, say).

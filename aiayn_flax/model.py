@@ -46,6 +46,11 @@ _LAYER_NORM_EPSILON = 1e-6
 # column sum: base's step on an H100, counted deviceless, 80 kernels fewer (docs/PERFORMANCE.md).
 
 
+# The layer norm's form on a GPU: "one_pass" (layer_norm_one_pass), or "flax" as on a CPU
+# (bench/gpu_census.py --forms=before counts the step of before 2026-11-29 with it).
+GPU_LAYER_NORM = "one_pass"
+
+
 class LayerNorm(nn.Module):
   """Over the last axis, the output in `dtype`, scale and bias float32."""
   epsilon: float
@@ -59,7 +64,8 @@ class LayerNorm(nn.Module):
     scale = self.param("scale", self.scale_init, features, jnp.float32)
     bias = self.param("bias", self.bias_init, features, jnp.float32)
     as_flax = functools.partial(layer_norm_as_flax, epsilon=self.epsilon, dtype=self.dtype)
-    gpu = functools.partial(layer_norm_one_pass, epsilon=self.epsilon, dtype=self.dtype)
+    gpu = (as_flax if GPU_LAYER_NORM == "flax" else
+           functools.partial(layer_norm_one_pass, epsilon=self.epsilon, dtype=self.dtype))
     return jax.lax.platform_dependent(x, scale, bias, cpu=as_flax, tpu=as_flax, default=gpu)
 
 

@@ -53,6 +53,8 @@ flags.DEFINE_enum("attention", "auto", ["auto", "written_out", "pallas", "cudnn"
                   "training picks it (on one GPU of compute capability >= 8.0: Pallas's kernels "
                   "for attention; written out with --forms=before); cudnn is the fused "
                   "kernel, to be decided on a GPU.")
+flags.DEFINE_integer("steps_per_call", 1, "Steps per compiled call (train_steps: a loop in one "
+                     "program, as config.steps_per_call runs it); times are per step.")
 flags.DEFINE_string("from_file", "", "With --write_results: the table a device run wrote.")
 flags.DEFINE_bool("write_results", False, "Put the table's rows into docs/RESULTS.md.")
 FLAGS = flags.FLAGS
@@ -108,18 +110,20 @@ def peer_milliseconds(python: str, config, rows: int, length: int, steps: int,
 
 def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
           target_logit: str = "auto", forms: str = "auto",
-          attention: str = "auto") -> str:
+          attention: str = "auto", steps_per_call: int = 1) -> str:
   """One table row for `size`, measured on the first local device."""
   import jax
+  import numpy as np
 
   from aiayn_flax.planning import dry_run, flops
-  from aiayn_flax import loss, optimizer, train_step
+  from aiayn_flax import loss, optimizer, programs, sharding, train_step
   if target_logit != "auto":  # one form forced, to time the two against each other
     loss.target_logit = getattr(loss, f"target_logit_by_{target_logit}")
-  if forms == "before":
+  if forms == "before":  # as bench/gpu_census.py's "before"
     from aiayn_flax import attention as attention_module  # not the argument's name
-    loss.FORM, optimizer.FORM, attention_module.DROPOUT_SEEDS = (
-        "reductions", "per_array", "make_rng")
+    from aiayn_flax import model as model_module
+    loss.FORM, optimizer.FORM, attention_module.DROPOUT_SEEDS, model_module.GPU_LAYER_NORM = (
+        "reductions", "per_array", "make_rng", "flax")
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
   config.model.attention_implementation = (
@@ -130,32 +134,42 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   rows, length = map(int, plan["flops_batch_shape"].split("x"))
   model = train_step.make_model(config)
   state = train_step.create_train_state(config, model)
-  step = jax.jit(functools.partial(
-      train_step.train_step, model=model, label_smoothing=config.label_smoothing,
-      schedule=optimizer.learning_rate_schedule(config),
-      one_vector=optimizer.state_is_whole_on_each_device(config)), donate_argnums=0)
+  # As programs.training_programs builds it for one device (rows aligned on one GPU).
+  kwargs = dict(model=model, label_smoothing=config.label_smoothing,
+                schedule=optimizer.learning_rate_schedule(config),
+                one_vector=optimizer.state_is_whole_on_each_device(config),
+                align_rows=forms != "before" and programs.aligns_rows(
+                    sharding.data_parallel_mesh(jax.devices()[:1])))
   batch = synthetic_batches(rows, length, config.model.vocab_size)[0]
   key = train_step.dropout_key(0)
-  compiled = step.lower(state, batch, key).compile()
+  if steps_per_call == 1:
+    compiled = jax.jit(functools.partial(train_step.train_step, **kwargs),
+                       donate_argnums=0).lower(state, batch, key).compile()
+    call = lambda state: compiled(state, batch, key)  # noqa: E731
+  else:  # K steps in one program (a loop), as config.steps_per_call runs them
+    stacked = jax.tree.map(lambda x: np.stack([x] * steps_per_call), batch)
+    compiled = jax.jit(functools.partial(train_step.train_steps, **kwargs),
+                       donate_argnums=0).lower(state, stacked, steps_per_call, key).compile()
+    call = lambda state: compiled(state, stacked, steps_per_call, key)  # noqa: E731
   memory = compiled.memory_analysis()
   compiled_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes
                     + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
   seconds = []
   for _ in range(steps):
     start = time.perf_counter()
-    state, metrics = compiled(state, batch, key)
+    state, metrics = call(state)
     jax.block_until_ready((state, metrics))
-    seconds.append(time.perf_counter() - start)
+    seconds.append((time.perf_counter() - start) / steps_per_call)
   # As the trainer runs them, and as torch_peer.py times its steps: queued, one wait at the end.
   start = time.perf_counter()
   for _ in range(20):
-    state, metrics = compiled(state, batch, key)
+    state, metrics = call(state)
   jax.block_until_ready((state, metrics))
-  queued = (time.perf_counter() - start) / 20
+  queued = (time.perf_counter() - start) / 20 / steps_per_call
   if trace_dir:
     with jax.profiler.trace(os.path.join(trace_dir, size)):
       for _ in range(3):
-        state, metrics = compiled(state, batch, key)
+        state, metrics = call(state)
       jax.block_until_ready((state, metrics))
   if not all(bool(jax.numpy.isfinite(x).all()) for x in jax.tree.leaves(metrics)):
     raise RuntimeError(f"{size}: a step's metrics are not finite: {metrics}")
@@ -169,6 +183,7 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
              else "- (no peak known)")
   label = size + "".join(f" ({x})" for x in (forms, attention)
                          if x not in ("auto", "written_out"))
+  label += f" ({steps_per_call} steps per call)" if steps_per_call > 1 else ""
   ours = (f"| {time.strftime('%Y-%m-%d')} | {jax.device_count()} x {device.device_kind} | "
           f"{label} | {rows} x {length}, {config.model.dtype} | {seconds[0] * 1e3:.1f} | "
           f"{steady * 1e3:.1f} | {planned} | {mfu} | {peak_bytes / 1e9:.2f} ({peak_kind}) / "
@@ -210,7 +225,7 @@ def main(argv):
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
           f"({jax.default_backend()}), jax {jax.__version__}", flush=True)
     rows = [check(FLAGS.sizes[0], FLAGS.steps, FLAGS.trace_dir, FLAGS.peer_python,
-                  FLAGS.target_logit, FLAGS.forms, FLAGS.attention)]
+                  FLAGS.target_logit, FLAGS.forms, FLAGS.attention, FLAGS.steps_per_call)]
   else:
     # A process per size, this one never starting jax: the runtime's peak memory counts from
     # the process's start, and a GPU's memory is held by the process that took it.
@@ -219,7 +234,8 @@ def main(argv):
       command = [sys.executable, os.path.abspath(__file__), f"--sizes={size}",
                  f"--steps={FLAGS.steps}", f"--trace_dir={FLAGS.trace_dir}",
                  f"--peer_python={FLAGS.peer_python}", f"--target_logit={FLAGS.target_logit}",
-                 f"--forms={FLAGS.forms}", f"--attention={FLAGS.attention}"]
+                 f"--forms={FLAGS.forms}", f"--attention={FLAGS.attention}",
+                 f"--steps_per_call={FLAGS.steps_per_call}"]
       process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
       found = []
       for line in process.stdout:  # passed on as it comes: a run cut short keeps its lines

@@ -13,8 +13,9 @@ one fails (its log says why):
    step timed waited for and 20 steps queued with one wait; torch eager and torch.compile beside
    (`--peer_python`, the same interpreter); a trace of 3 steps; XLA's autotuning results saved
    (`autotune.textproto`, for later deviceless compiles: `--xla_gpu_load_autotune_results_from`);
-   then today's forms again with cuDNN's fused attention (`--attention=cudnn`), and with XLA's
-   Triton GEMM off (`--xla_gpu_enable_triton_gemm=false`).
+   then today's forms again with cuDNN's fused attention (`--attention=cudnn`), with XLA's
+   Triton GEMM off (`--xla_gpu_enable_triton_gemm=false`), and the quick start at 4 steps per
+   call, its loop in CUDA graphs or not (`--xla_gpu_enable_command_buffer=...,WHILE,CONDITIONAL`).
 2. The quick start trained (`configs/multi30k.py`; its steps cut to what fits the time left),
    then test2016 scored by evaluate.py greedy and with beam 4, each timed (sentences per second).
 3. The notebook executed top to bottom (its install cell skipped: INSTALL=False), its
@@ -122,6 +123,18 @@ def main(argv):
                                            "--steps=10",
                                            f"--out={FLAGS.out}/device_check_no_triton_gemm.md"],
              left(0.15), no_triton, summary)
+
+  # Several steps per call (a loop in one program), with and without CUDA graphs that cover
+  # the loop (XLA's command buffers with WHILE and CONDITIONAL): flags to decide on a device.
+  graphs = {**env, "XLA_FLAGS": (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer="
+                                 "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+                                 ).strip()}
+  for name, part_env in (("step_after_4_per_call", env),
+                         ("step_after_4_per_call_loop_in_graphs", graphs)):
+    if not FLAGS.rehearse or name == "step_after_4_per_call":
+      run_part(name, [python, "bench/device_check.py", "--sizes=quickstart", f"--steps={steps}",
+                      "--steps_per_call=4", f"--out={FLAGS.out}/device_check_{name[11:]}.md"],
+               left(0.25 if FLAGS.rehearse else 0.1), part_env, summary)  # the CPU is slow
 
   # 2. The quick start trained, then test2016 greedy and beam 4, each timed.
   workdir = os.path.join(FLAGS.out, "quickstart")

@@ -44,10 +44,10 @@ SIZES = {"quickstart": ("configs.multi30k", 8), "quickstart_128": ("configs.mult
 
 
 def set_forms(form: str) -> None:
-  from aiayn_flax import attention, loss, optimizer, train_step
-  loss.FORM, optimizer.FORM, attention.DROPOUT_SEEDS, train_step.ALIGNED_TOKENS = {
-      "before": ("reductions", "per_array", "make_rng", 0),
-      "after": ("auto", "auto", "one_key", 256)}[form]
+  from aiayn_flax import attention, loss, model, optimizer, train_step
+  (loss.FORM, optimizer.FORM, attention.DROPOUT_SEEDS, train_step.ALIGNED_TOKENS,
+   model.GPU_LAYER_NORM) = {"before": ("reductions", "per_array", "make_rng", 0, "flax"),
+                            "after": ("auto", "auto", "one_key", 256, "one_pass")}[form]
 
 
 def census_row(size: str, form: str) -> dict:

@@ -20,7 +20,6 @@ docs/RESULTS.md under "On an accelerator", replacing the rows of the same device
 The batches are synthetic (bench/synthetic_batches.py: the last quarter of every row padding),
 so the check needs no data.
 """
-import functools
 import os
 import resource
 import statistics
@@ -122,8 +121,8 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   if forms == "before":  # as bench/gpu_census.py's "before"
     from aiayn_flax import attention as attention_module  # not the argument's name
     from aiayn_flax import model as model_module
-    loss.FORM, optimizer.FORM, attention_module.DROPOUT_SEEDS, model_module.GPU_LAYER_NORM = (
-        "reductions", "per_array", "make_rng", "flax")
+    (loss.FORM, optimizer.FORM, attention_module.DROPOUT_SEEDS, model_module.GPU_LAYER_NORM,
+     train_step.ALIGNED_TOKENS) = ("reductions", "per_array", "make_rng", "flax", 0)
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
   config.model.attention_implementation = (
@@ -133,23 +132,21 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   config.model.dtype = plan["compute_dtype"]
   rows, length = map(int, plan["flops_batch_shape"].split("x"))
   model = train_step.make_model(config)
+  # The trainer's programs on one device (programs.training_programs: rows aligned on one GPU).
+  mesh = sharding.data_parallel_mesh(jax.devices()[:1])
   state = train_step.create_train_state(config, model)
-  # As programs.training_programs builds it for one device (rows aligned on one GPU).
-  kwargs = dict(model=model, label_smoothing=config.label_smoothing,
-                schedule=optimizer.learning_rate_schedule(config),
-                one_vector=optimizer.state_is_whole_on_each_device(config),
-                align_rows=forms != "before" and programs.aligns_rows(
-                    sharding.data_parallel_mesh(jax.devices()[:1])))
+  state_sharding = sharding.train_state_shardings(
+      mesh, jax.eval_shape(lambda: state), train_step.logical_param_specs(model), config.fsdp)
+  state = jax.device_put(state, state_sharding)
+  trained_by = programs.training_programs(config, model, mesh, state_sharding)
   batch = synthetic_batches(rows, length, config.model.vocab_size)[0]
   key = train_step.dropout_key(0)
   if steps_per_call == 1:
-    compiled = jax.jit(functools.partial(train_step.train_step, **kwargs),
-                       donate_argnums=0).lower(state, batch, key).compile()
+    compiled = trained_by.step_fn.lower(state, batch, key).compile()
     call = lambda state: compiled(state, batch, key)  # noqa: E731
   else:  # K steps in one program (a loop), as config.steps_per_call runs them
     stacked = jax.tree.map(lambda x: np.stack([x] * steps_per_call), batch)
-    compiled = jax.jit(functools.partial(train_step.train_steps, **kwargs),
-                       donate_argnums=0).lower(state, stacked, steps_per_call, key).compile()
+    compiled = trained_by.steps_fn.lower(state, stacked, steps_per_call, key).compile()
     call = lambda state: compiled(state, stacked, steps_per_call, key)  # noqa: E731
   memory = compiled.memory_analysis()
   compiled_bytes = (memory.argument_size_in_bytes + memory.output_size_in_bytes

@@ -94,9 +94,11 @@ def test_sigterm_checkpoints_the_current_step_and_resumes_exactly(uninterrupted,
 
 @pytest.mark.slow
 def test_several_steps_per_call_resume_exactly_after_sigkill(tmp_path):
-  # Runs of 3 steps of one batch shape per call, never across a log line (every 10 steps) or a
-  # checkpoint (every 20); killed after step 30, resumed from step 20.
-  flags = ["--config.steps_per_call=3", "--config.log_every_steps=10"]
+  # Runs of 3 steps of one batch shape per call (two shapes here: buckets of 8 and 12), never
+  # across a log line (every 10 steps) or a checkpoint (every 20); killed after step 30,
+  # resumed from step 20.
+  flags = ["--config.steps_per_call=3", "--config.log_every_steps=10",
+           "--config.dataset.bucket_min_length=8"]
   expected, losses = finish(start_training(tmp_path / "uninterrupted", *flags))
   assert sorted(losses) == [10, 20, 30, 40, 50, 60]
   killed(start_training(tmp_path / "killed", *flags, signal_at="SIGKILL:30"))

@@ -43,11 +43,30 @@ def manager(workdir: str, keep: int | None = None, read_only: bool = False,
   whose disk filled up) never leaves a checkpoint that looks finished. A manager that writes
   removes the temporary directories an earlier run left (orbax's cleanup_tmp_directories, on
   process 0): a failed save's space comes back at the next start."""
+  _save_whole_arrays_on_cpu()
   options = ocp.CheckpointManagerOptions(
       max_to_keep=keep, create=not read_only, read_only=read_only,
       enable_async_checkpointing=asynchronous, cleanup_tmp_directories=not read_only)
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
                                item_names=("state", "meta"))
+
+
+@functools.cache
+def _save_whole_arrays_on_cpu() -> None:
+  """Orbax copies an array held by several devices to host memory in slices, one per device
+  (replica-parallel: its default everywhere but on GPUs), which spreads the copy over the
+  devices' links. CPU devices share the host's memory, so there it gains nothing and costs a
+  compiled slicing program per array at a process's first save: 3.4 s of the 4.3 s that a toy
+  run on 2 hosts x 4 CPU devices spent saving its one checkpoint. Only how the bytes reach the
+  host changes, not what is written."""
+  if jax.default_backend() != "cpu":
+    return
+  default = ocp.type_handlers.get_type_handler(jax.Array)
+  ocp.type_handlers.register_type_handler(
+      jax.Array, ocp.type_handlers.ArrayHandler(
+          use_replica_parallel=False,
+          array_metadata_store=default._array_metadata_store),  # noqa: SLF001 - kept as it was
+      override=True)
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, meta: dict) -> None:

@@ -13,6 +13,7 @@ a Python process or train otherwise carry `@pytest.mark.slow` themselves (quick 
 from a test do not count: `make -n`, `sleep`, the EVALB binary, a shell script with a stand-in).
 """
 import contextlib
+import fcntl
 import http.server
 import json
 import os
@@ -218,13 +219,23 @@ def pytest_sessionfinish(session):
 
 @pytest.fixture(scope="session")
 def toy_run(tmp_path_factory):
-  """A toy run trained once for the whole session: (config, workdir, final metrics)."""
+  """A toy run trained once for the whole test run: (config, workdir, final metrics). Under
+  pytest-xdist the first worker to ask trains it, holding a lock in the folder the workers
+  share, and the others read its workdir and metrics: the tests only read that workdir."""
   from aiayn_flax.training import trainer
   from configs import toy
   config = toy.get_config()
-  workdir = str(tmp_path_factory.mktemp("toy_run"))
-  summary = trainer.train_and_evaluate(config, workdir)
-  return config, workdir, summary
+  if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: its own temporary folder
+    workdir = str(tmp_path_factory.mktemp("toy_run"))
+    return config, workdir, trainer.train_and_evaluate(config, workdir)
+  shared = tmp_path_factory.getbasetemp().parent  # this run's, above each worker's own
+  workdir, metrics = shared / "toy_run", shared / "toy_run.json"
+  with open(shared / "toy_run.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not metrics.exists():
+      summary = trainer.train_and_evaluate(config, str(workdir))
+      metrics.write_text(json.dumps(summary, default=float))
+  return config, str(workdir), json.loads(metrics.read_text())
 
 
 _created_xla_cache = None

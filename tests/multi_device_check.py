@@ -17,14 +17,19 @@ from aiayn_flax import optimizer, sharding, train_step  # noqa: E402
 from configs import toy  # noqa: E402
 
 
-def run_on(devices, mesh_spec, config, batch, fsdp=False):
-  mesh = sharding.make_mesh(mesh_spec, devices)
+def sharded_state(mesh, config, fsdp=False):
+  """(model, a new train state laid out over `mesh` as the trainer lays it out, its shardings)."""
   model = train_step.make_model(config)
-  replicated, batch_sharding = sharding.replicated(mesh), sharding.batch_sharding(mesh)
   new_state = lambda: train_step.create_train_state(config, model)  # noqa: E731
   state_sharding = sharding.train_state_shardings(
       mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model), fsdp)
-  state = jax.jit(new_state, out_shardings=state_sharding)()
+  return model, jax.jit(new_state, out_shardings=state_sharding)(), state_sharding
+
+
+def run_on(devices, mesh_spec, config, batch, fsdp=False):
+  mesh = sharding.make_mesh(mesh_spec, devices)
+  model, state, state_sharding = sharded_state(mesh, config, fsdp)
+  replicated, batch_sharding = sharding.replicated(mesh), sharding.batch_sharding(mesh)
   batch = sharding.put_batch(batch, batch_sharding)
   rng = train_step.dropout_key(0)
   grads_fn = jax.jit(functools.partial(train_step.loss_and_grads, model=model,
@@ -79,12 +84,7 @@ def check_a_checkpoint_of_eight_devices_compiles_nothing(config):
   multi-device CPU run); checkpoints.py turns that off on the CPU."""
   import tempfile
   from aiayn_flax.runtime import checkpoints
-  mesh = sharding.make_mesh("data:8", jax.devices())
-  model = train_step.make_model(config)
-  new_state = lambda: train_step.create_train_state(config, model)  # noqa: E731
-  shardings = sharding.train_state_shardings(
-      mesh, jax.eval_shape(new_state), train_step.logical_param_specs(model))
-  state = jax.jit(new_state, out_shardings=shardings)()
+  _, state, _ = sharded_state(sharding.make_mesh("data:8", jax.devices()), config)
   compiles = []
   jax.monitoring.register_event_duration_secs_listener(
       lambda event, seconds, **_: compiles.append(event)
@@ -94,9 +94,7 @@ def check_a_checkpoint_of_eight_devices_compiles_nothing(config):
     checkpoints.save(mngr, 1, state, {"step": 1})
     mngr.wait_until_finished()
     assert compiles == [], f"saving compiled {len(compiles)} programs"
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            state)
-    restored, meta = checkpoints.restore(mngr, 1, abstract)
+    restored, meta = checkpoints.restore(mngr, 1, checkpoints.abstract_of(state))
   assert meta == {"step": 1}
   for a, b in zip(*(jax.tree.leaves(jax.device_get(x)) for x in (state, restored))):
     np.testing.assert_array_equal(a, b)

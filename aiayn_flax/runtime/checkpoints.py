@@ -54,7 +54,7 @@ def manager(workdir: str, keep: int | None = None, read_only: bool = False,
 @functools.cache
 def _save_whole_arrays_on_cpu() -> None:
   """Orbax copies an array held by several devices to host memory in slices, one per device
-  (replica-parallel: its default everywhere but on GPUs), which spreads the copy over the
+  (replica-parallel: its default unless JAX_PLATFORMS names a GPU), which spreads the copy over the
   devices' links. CPU devices share the host's memory, so there it gains nothing and costs a
   compiled slicing program per array at a process's first save (96 programs, 3.4 s, for the toy
   model's state on 4 devices). Only how the bytes reach the host changes, not what is written.

@@ -16,7 +16,7 @@ TINY = ("tiny=configs/parsing_sample.py --config.model.vocab_size=1000 --config.
         "--config.eval_decode_sentences=0 --config.checkpoint_every_steps=4 "
         "--config.keep_checkpoints=3 --config.average_last_checkpoints=2 "
         "--config.log_every_steps=4 --config.decode_extra_length=20 "
-        "--config.dataset.max_length=96")
+        "--config.dataset.max_length=96 --config.dataset.bucket_min_length=96")  # one shape
 
 
 def table(runs_dir, *extra):

@@ -107,7 +107,10 @@ def binarize(tree: nltk.Tree, grammar: Grammar) -> nltk.Tree:
   (`S+VP`, preterminals included), phrasal labels annotated with their parent's (`NP^<S>`)
   when `grammar.parent`, and nodes of more than two children binarised to the right with
   horizontal Markovization (`NP|<JJ-NN>`)."""
-  tree = tree.copy(deep=True)
+  return _binarize_in_place(tree.copy(deep=True), grammar)
+
+
+def _binarize_in_place(tree: nltk.Tree, grammar: Grammar) -> nltk.Tree:
   tree.collapse_unary(collapsePOS=True, collapseRoot=True)
   tree.chomsky_normal_form(horzMarkov=grammar.horizontal, vertMarkov=1 if grammar.parent else 0)
   return tree
@@ -122,11 +125,10 @@ def debinarize(tree: nltk.Tree) -> nltk.Tree:
 
 
 def terminal_tree(tree: nltk.Tree, terminal=by_tag) -> nltk.Tree:
-  """The tree with each word replaced by its terminal (what the PCFG parses)."""
-  tree = tree.copy(deep=True)
-  for position in tree.treepositions("leaves"):
-    tree[position] = terminal(tree[position], tree[position[:-1]].label())
-  return tree
+  """A copy of the tree with each word replaced by its terminal (what the PCFG parses), built in
+  one pass (a deep copy, then each leaf reached by its position, took 3 times as long)."""
+  return nltk.Tree(tree.label(), [terminal_tree(child, terminal) if isinstance(child, nltk.Tree)
+                                  else terminal(child, tree.label()) for child in tree])
 
 
 def induce_grammar(trees, terminal=by_tag, grammar: Grammar = VANILLA) -> nltk.PCFG:
@@ -135,7 +137,7 @@ def induce_grammar(trees, terminal=by_tag, grammar: Grammar = VANILLA) -> nltk.P
   root = nltk.Nonterminal("ROOT")
   productions = []
   for tree in trees:
-    tree = binarize(terminal_tree(tree, terminal), grammar)
+    tree = _binarize_in_place(terminal_tree(tree, terminal), grammar)  # a copy already
     productions += [nltk.Production(root, [nltk.Nonterminal(tree.label())])] + tree.productions()
   return nltk.induce_pcfg(root, productions)
 

@@ -5,9 +5,13 @@ import functools
 import os
 import sys
 
+# LLVM at -O0 (--xla_backend_optimization_level=0): the time here is compiling small programs
+# that run once, and what is compared is one layout against another, both compiled alike
+# (29.6 -> 22.0 s for this script alone, 2 cores).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8"
-                           " --xla_cpu_collective_call_terminate_timeout_seconds=120")
+                           " --xla_cpu_collective_call_terminate_timeout_seconds=120"
+                           " --xla_backend_optimization_level=0")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402

@@ -14,12 +14,13 @@ from aiayn_flax.data import pipeline, tokenized
 from configs import multi30k
 
 # Seeds 0-4 (2026-11-29, one bucket of 12 since then; an Intel Xeon, 2 cores): exact match
-# 1.000, 1.000, 1.000, 0.980, 0.970; mirrored share 0.83, 1.00, 1.00, 1.00, 1.00 (2026-11-25,
-# buckets of 8 and 12: 0.995, 1.000, 0.980, 0.995, 0.990 and 1.00, 0.83, 1.00, 1.00, 1.00).
-# 0.90 leaves 0.07 below the worst seed for another CPU's rounding (the toy learned to 0.870 on
-# one host at twice today's learning rate); a model that has not learned the reversal scores
-# near 0.
-TOY_MIN_EXACT_MATCH = 0.90
+# 1.000, 1.000, 1.000, 0.980, 0.970; mirrored share 0.83, 1.00, 1.00, 1.00, 1.00; the same
+# seeds on an AMD EPYC (2 cores, the same day and code): 0.905, 0.995, 1.000, 1.000, 0.985 and
+# 1.00 for each (2026-11-25, buckets of 8 and 12: 0.995, 1.000, 0.980, 0.995, 0.990 and 1.00,
+# 0.83, 1.00, 1.00, 1.00). Seed 0 differs by 0.095 between the two CPUs' rounding, so 0.80
+# leaves 0.105 below the worst seed seen (the bound was 0.90, passed by 0.005 on the EPYC); a
+# model that has not learned the reversal scores near 0.
+TOY_MIN_EXACT_MATCH = 0.80
 TOY_MIN_MIRRORED_SHARE = 0.5
 # Seeds 0, 1, 2: 0.676, 0.671, 0.673 (same machine). 0.70 passed by 3%; 0.75 leaves 0.07,
 # fourteen times the spread between seeds, and still asks for a quarter less NLL than word

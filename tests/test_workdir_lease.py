@@ -313,7 +313,7 @@ def test_two_hosts_whose_lease_another_run_took_over_both_stop_saving_nothing_mo
   workdir = tmp_path / "run"
   args = [sys.executable, "train.py", f"--workdir={workdir}", *TOY,
           "--config.num_train_steps=100000", "--config.log_every_steps=5",
-          "--config.checkpoint_every_steps=50"]
+          "--config.checkpoint_every_steps=10"]
   with reserved_port() as port, open(tmp_path / "1.out", "w+") as second_output:
     hosts = [environment() | cluster_env(port, 2, index, 1)
              | {"HOME": str(tmp_path / f"home{index}"), "TMPDIR": str(tmp_path / f"tmp{index}")}
@@ -321,15 +321,15 @@ def test_two_hosts_whose_lease_another_run_took_over_both_stop_saving_nothing_mo
     for env in hosts:
       os.makedirs(env["HOME"])
       os.makedirs(env["TMPDIR"])
-    # Process 0 stops itself at step 55 (as in the test above); process 1, which cannot pass
+    # Process 0 stops itself at step 15 (as at 55 in the test above); process 1, which cannot pass
     # it (every step is a collective of both), is stopped by the test.
     first = subprocess.Popen(args, cwd=REPO,
-                             env=stopping_after_log_line(tmp_path, r"step 55/", hosts[0]),
+                             env=stopping_after_log_line(tmp_path, r"step 15/", hosts[0]),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     second = subprocess.Popen(args, cwd=REPO, env=hosts[1], stdout=second_output,
                               stderr=subprocess.STDOUT, text=True)  # a file: it cannot fill
     try:
-      wait_for_line(first, r"step 55/")
+      wait_for_line(first, r"step 15/")
       wait_until_stopped(first)
       second.send_signal(signal.SIGSTOP)
       path = workdir / workdir_lease.LEASE_FILENAME
@@ -364,4 +364,4 @@ def test_two_hosts_whose_lease_another_run_took_over_both_stop_saving_nothing_mo
           or lines[1] == ("train.py: error: process 0 found the workdir's lease taken over by "
                           "another run: this run no longer owns the workdir and stopped without "
                           "saving a checkpoint")), lines
-  assert saved == checkpoint_steps(workdir) == {50}
+  assert saved == checkpoint_steps(workdir) == {10}

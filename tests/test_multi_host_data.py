@@ -272,9 +272,9 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
     two_process_run, shared_data, tmp_path):
   from aiayn_flax.data import text_files
   workdir, _ = two_process_run
-  for language in ("en", "de"):  # 40 sentences: 3 decoding batches of 16
+  for language in ("en", "de"):  # 24 sentences: 2 decoding batches of 16 (16 and 8)
     lines = text_files.read_lines(str(shared_data / "multi30k" / f"test_2016_flickr.{language}.gz"))
-    (tmp_path / f"test.{language}").write_text("".join(line + "\n" for line in lines[:40]),
+    (tmp_path / f"test.{language}").write_text("".join(line + "\n" for line in lines[:24]),
                                               encoding="utf-8")
   outputs = {}
   # The same batches of 16 sentences on both: --batch_size counts per device.
@@ -289,13 +289,13 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
   one, two = tmp_path / "1", tmp_path / "2"
   assert (one / f"{name}.hyp").read_bytes() == (two / f"{name}.hyp").read_bytes()
   # (A 4-step model's beam writes odd pieces, \x85 among them: count lines as files hold them.)
-  assert (one / f"{name}.hyp").read_bytes().count(b"\n") == 40
+  assert (one / f"{name}.hyp").read_bytes().count(b"\n") == 24
   assert json.loads((one / f"{name}.json").read_text()) == json.loads(
       (two / f"{name}.json").read_text())
   # Every batch was decoded by the 8 devices of both processes together, and only process 0
   # printed and wrote.
   first, second = outputs[2]
-  decoded = re.compile(r"decoded 40/40 sentences \([\d.]+ sentences/s on (\d+) device\(s\)")
+  decoded = re.compile(r"decoded 24/24 sentences \([\d.]+ sentences/s on (\d+) device\(s\)")
   assert decoded.findall(outputs[1][0]) == ["1"]
   assert decoded.findall(first) == decoded.findall(second) == ["8"]
   assert "BLEU" in first and f"wrote {name}.json and .hyp" in first

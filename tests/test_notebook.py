@@ -113,12 +113,13 @@ def test_find_checkout_from_the_notebooks_folder(tmp_path):
 def test_notebook_trains_translates_draws_and_scores(shared_data, tmp_path, monkeypatch):
   notebook = nbformat.read(NOTEBOOK, as_version=4)
   workdir = tmp_path / "run"
-  # Tiny: 30 steps of 1k-token batches, in 5 bucket shapes (fewer compilations), of a small
-  # model with a 1000-piece vocabulary (the quick start's takes a minute to train and compile).
+  # Tiny: 30 steps of 1k-token batches, in one bucket shape of 48 (one compilation of each
+  # program), of a small model with a 1000-piece vocabulary (the quick start's takes a minute
+  # to train and compile).
   overrides = dict(NUM_STEPS=30, DATA_DIR=str(shared_data), WORKDIR=str(workdir), INSTALL=False,
                    EVAL_SENTENCES=16, BEAM_SIZE=1, CONFIG_OVERRIDES={
-                       "tokens_per_batch": 1024, "dataset.bucket_growth": 2.0,
-                       "dataset.bucket_quantum": 8, "model.vocab_size": 1000,
+                       "tokens_per_batch": 1024, "dataset.max_length": 48,
+                       "dataset.bucket_min_length": 48, "model.vocab_size": 1000,
                        "model.d_model": 64, "model.d_ff": 256, "model.num_layers": 2})
   notebook.cells.insert(parameters_cell_index(notebook) + 1, nbformat.v4.new_code_cell(
       "\n".join(f"{name} = {value!r}" for name, value in overrides.items()),

@@ -15,7 +15,7 @@ from configs import base, big, toy
 
 def by_minutes_config():
   config = toy.get_config()
-  config.num_train_steps, config.log_every_steps, config.eval_every_steps = 14, 1, 1000
+  config.num_train_steps, config.log_every_steps, config.eval_every_steps = 14, 1, 0
   config.checkpoint_every_minutes, config.checkpoint_every_steps = 2, 0  # by the clock alone
   config.keep_checkpoints, config.checkpoint_asynchronously = 10, False
   config.dataset.toy_eval_examples = 10
@@ -79,7 +79,7 @@ def test_two_hosts_agree_on_every_checkpoint_by_minutes(tmp_path):
   results = launch(["train.py", "--config=configs/toy.py", f"--workdir={tmp_path}",
                     "--config.num_train_steps=12", "--config.checkpoint_every_minutes=0.0005",
                     "--config.checkpoint_every_steps=0", "--config.keep_checkpoints=20",
-                    "--config.log_every_steps=4", "--config.eval_every_steps=1000",
+                    "--config.log_every_steps=4", "--config.eval_every_steps=0",
                     "--config.dataset.toy_eval_examples=10"], 2, 2, timeout=300)
   for result in results:
     assert result.returncode == 0, result.stderr[-3000:]

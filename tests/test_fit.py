@@ -104,7 +104,7 @@ def toy_run(workdir, *flags, cache=None):
   return run_script("train.py", "--config=configs/toy.py", f"--workdir={workdir}",
                     "--config.tokens_per_batch=4096", "--config.dataset.bucket_min_length=12",
                     "--config.num_train_steps=2", "--config.checkpoint_every_steps=2",
-                    "--config.dataset.toy_eval_examples=16", "--config.eval_every_steps=1000",
+                    "--config.dataset.toy_eval_examples=16", "--config.eval_every_steps=0",
                     "--config.log_every_steps=1", *flags, env=env)
 
 

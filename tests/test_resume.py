@@ -109,8 +109,10 @@ def test_several_steps_per_call_resume_exactly_after_sigkill(tmp_path):
 
 @pytest.mark.slow
 def test_half_written_newest_checkpoint_is_ignored(tmp_path):
+  # eval_every_steps=0 here and below: no validation at the end (its decoding's compile and
+  # run) where the test reads parameters and steps alone.
   config = toy.get_config()
-  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 20, 10, 1000
+  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 20, 10, 0
   config.dataset.toy_eval_examples = 10
   trainer.train_and_evaluate(config, str(tmp_path))
   directory = checkpoints.checkpoint_dir(str(tmp_path))
@@ -133,7 +135,7 @@ def test_half_written_newest_checkpoint_is_ignored(tmp_path):
 def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_checkpoint(
     tmp_path, monkeypatch):
   config = toy.get_config()
-  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 10, 5, 1000
+  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 10, 5, 0
   config.dataset.toy_eval_examples = 10
   trainer.train_and_evaluate(config, str(tmp_path))
   good = checkpoints.last_steps(str(tmp_path), 1)
@@ -159,7 +161,7 @@ def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_ch
 def test_resuming_with_a_different_model_is_refused_with_the_field_named_and_data_dir_is_not(
     tmp_path):
   config = toy.get_config()
-  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 5, 1000
+  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 5, 0
   config.dataset.toy_eval_examples = 10
   trainer.train_and_evaluate(config, str(tmp_path))
   config.model.d_ff, config.num_train_steps, config.log_every_steps = 256, 10, 1
@@ -174,14 +176,14 @@ def test_resuming_with_a_different_model_is_refused_with_the_field_named_and_dat
 @pytest.mark.slow  # trains, then starts train.py
 def test_resuming_on_another_number_of_data_shards_is_refused_naming_both(tmp_path):
   config = toy.get_config()
-  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 5, 1000
+  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 5, 0
   config.dataset.toy_eval_examples = 10
   trainer.train_and_evaluate(config, str(tmp_path))  # 1 device here
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              XLA_FLAGS="--xla_force_host_platform_device_count=2")
   result = subprocess.run(
       [sys.executable, "train.py", "--config=configs/toy.py", f"--workdir={tmp_path}",
-       "--config.num_train_steps=10", "--config.eval_every_steps=1000",
+       "--config.num_train_steps=10", "--config.eval_every_steps=0",
        "--config.dataset.toy_eval_examples=10", "--config.checkpoint_every_steps=5"],
       cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
   assert result.returncode == 1, result.stderr[-2000:]

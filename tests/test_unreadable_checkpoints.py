@@ -18,7 +18,7 @@ from conftest import truncate_array_files
 def toy_config(steps: int):
   config = toy.get_config()
   config.num_train_steps, config.checkpoint_every_steps = steps, 10
-  config.eval_every_steps, config.log_every_steps = 1000, 10
+  config.eval_every_steps, config.log_every_steps = 0, 10
   config.dataset.toy_eval_examples = 10
   config.checkpoint_asynchronously, config.keep_checkpoints = False, 5
   return config

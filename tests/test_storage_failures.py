@@ -293,6 +293,27 @@ def test_a_library_error_logged_after_another_host_s_one_line_stays_off_the_term
   assert shown == ["before the stop"], shown
 
 
+def test_a_save_whose_folder_another_process_removed_is_still_named_by_its_step(
+    monkeypatch, tmp_path, library_logs_restored):
+  """On 2 hosts whose disk fills during the save of step 20, process 0 may remove the
+  unfinished save's folder (checkpoints.remove_unfinished) before process 1 writes its line:
+  process 1's error then names one of that folder's files. Its line names checkpoints/20, as
+  process 0's does (the two-host test above met this race once in 12 minutes of tests)."""
+  from configs import toy
+  from aiayn_flax.training import trainer
+  directory = checkpoints.checkpoint_dir(str(tmp_path))
+  (directory / "10").mkdir(parents=True)  # (no 20.orbax-checkpoint-tmp folder any more)
+  file = f"{directory}/20.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_1/d/c6"
+
+  def disk_full(*args):
+    raise OSError(errno.ENOSPC, "No space left on device", file)
+  monkeypatch.setattr(trainer, "_held_and_checked", disk_full)
+  with pytest.raises(storage_errors.WriteFailed) as failed:
+    trainer.train_and_evaluate(toy.get_config(), str(tmp_path))
+  assert str(failed.value).startswith(f"{directory}/20: cannot write: the disk is full")
+  assert checkpoints.unfinished_step_in(f"{directory}/7/state") is None
+
+
 def test_a_library_is_told_from_this_package_by_the_package_s_folder_not_by_its_name(
     monkeypatch):
   """A clone named aiayn_flax holds its .venv, and orbax's files with it."""

@@ -6,6 +6,7 @@ another step than its peers, and only process 0 moves the unreadable ones aside.
 import contextlib
 import functools
 import os
+import re
 import shutil
 import time
 
@@ -108,6 +109,17 @@ def unfinished_step(workdir: str) -> int | None:
   steps = [int(name.split(".")[0]) for name in names
            if ".orbax-checkpoint-tmp" in name and name.split(".")[0].isdigit()]
   return max(steps, default=None)
+
+
+_UNFINISHED_SAVE = re.compile(r"/checkpoints/(\d+)\.orbax-checkpoint-tmp")
+
+
+def unfinished_step_in(path: str | None) -> int | None:
+  """The step of the unfinished save that `path` lies in (.../checkpoints/STEP.orbax-checkpoint-
+  tmp.../FILE), or None. Another process may have removed that folder already
+  (remove_unfinished), where unfinished_step no longer finds it."""
+  found = _UNFINISHED_SAVE.search(path or "")
+  return int(found.group(1)) if found else None
 
 
 def remove_unfinished(workdir: str) -> None:

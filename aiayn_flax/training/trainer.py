@@ -112,6 +112,8 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
         for mngr in opened:
           _close_quietly(mngr)
       unfinished = checkpoints.unfinished_step(workdir)  # a save that failed mid-way
+      if unfinished is None:  # its folder already removed by process 0: the path says which
+        unfinished = checkpoints.unfinished_step_in(storage_errors.failed_path(e))
       failure = storage_errors.write_failure(
           e, checkpoints.checkpoint_dir(workdir) / str(unfinished) if unfinished is not None
           else checkpoints.checkpoint_dir(workdir), checkpoints.intact_text(workdir),

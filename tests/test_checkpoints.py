@@ -76,3 +76,41 @@ def test_checkpoints_record_the_software_versions(toy_run):
   mngr.close()
   assert (versions["jax"], versions["flax"], versions["orbax-checkpoint"]) == (
       jax.__version__, flax.__version__, orbax.checkpoint.__version__)
+
+
+def test_a_failed_save_s_folder_that_a_late_writer_recreates_is_removed_again(tmp_path,
+                                                                               monkeypatch):
+  """Orbax's writer threads may still be failing after the error reached the trainer and
+  recreate the unfinished save's folder just removed: remove_unfinished removes it again
+  until the folder stays gone, and leaves the finished checkpoints as they were."""
+  import threading
+  import time
+  monkeypatch.setattr(checkpoints, "UNFINISHED_QUIET_S", 0.3)
+  directory = checkpoints.checkpoint_dir(str(tmp_path))
+  (directory / "20").mkdir(parents=True)
+  (directory / "20" / "kept").write_text("a finished checkpoint")
+  unfinished = directory / "40.orbax-checkpoint-tmp-1" / "state"
+  unfinished.mkdir(parents=True)
+  removed_once = threading.Event()
+  original = checkpoints._remove_tree
+
+  def remove_and_tell(path):
+    problem = original(path)
+    removed_once.set()
+    return problem
+  monkeypatch.setattr(checkpoints, "_remove_tree", remove_and_tell)
+
+  def late_writer():  # writes for 0.2 s after the first removal, as a failing thread might
+    removed_once.wait(10)
+    until = time.monotonic() + 0.2
+    while time.monotonic() < until:
+      unfinished.mkdir(parents=True, exist_ok=True)
+      (unfinished / f"c{time.monotonic_ns()}").write_bytes(b"\0" * 64)
+      time.sleep(0.01)
+  writer = threading.Thread(target=late_writer)
+  writer.start()
+  checkpoints.remove_unfinished(str(tmp_path))
+  writer.join()
+  assert sorted(p.name for p in directory.iterdir()) == ["20"]
+  assert (directory / "20" / "kept").read_text() == "a finished checkpoint"
+

@@ -4,10 +4,12 @@ With several processes (hosts), every one of them calls the reading functions be
 checkpoint to read is decided once for all (`newest_readable`), so that no host resumes from
 another step than its peers, and only process 0 moves the unreadable ones aside."""
 import contextlib
+import errno
 import functools
 import os
 import re
 import shutil
+import sys
 import time
 
 import jax
@@ -31,6 +33,9 @@ RETRY_PAUSE_S = 1.0
 # Test-only: "30,40" makes the first read of those steps' train state fail once in each process.
 TEST_READ_ERROR_VARIABLE = "AIAYN_TEST_CHECKPOINT_READ_ERROR_AT"
 _injected_read_errors = set()
+# How long remove_unfinished waits for a failed save's folder to stay gone, and at most.
+UNFINISHED_QUIET_S = 0.5
+UNFINISHED_LIMIT_S = 10.0
 
 
 def checkpoint_dir(workdir: str) -> epath.Path:
@@ -125,18 +130,54 @@ def unfinished_step_in(path: str | None) -> int | None:
 def remove_unfinished(workdir: str) -> None:
   """Removes the temporary folders of saves that failed (orbax's NAME.orbax-checkpoint-tmp*),
   on process 0: they hold no finished checkpoint, and the space they take may be what the
-  next save needs. The next run's manager would remove them too (cleanup_tmp_directories)."""
+  next save needs. The next run's manager would remove them too (cleanup_tmp_directories).
+
+  Orbax's writer threads may still be failing at the same full disk after the error reached
+  us, and recreate a folder just removed; so once one is removed, the listing is read again
+  until it has shown none for UNFINISHED_QUIET_S (UNFINISHED_LIMIT_S at most)."""
   if jax.process_index() != 0 or paths.is_url(workdir):
     return
-  try:
-    for path in checkpoint_dir(workdir).iterdir():
-      if ".orbax-checkpoint-tmp" in path.name:
-        shutil.rmtree(path, ignore_errors=True)
-        logging.warning("removed %s, the unfinished save", path)
-  except FileNotFoundError:
-    pass  # no checkpoint folder yet
-  except OSError as e:
-    logging.warning("could not remove the unfinished saves in %s: %s", checkpoint_dir(workdir), e)
+  deadline = time.monotonic() + UNFINISHED_LIMIT_S
+  removed, quiet_since = False, None
+  while time.monotonic() < deadline:
+    try:
+      unfinished = [p for p in checkpoint_dir(workdir).iterdir()
+                    if ".orbax-checkpoint-tmp" in p.name]
+    except FileNotFoundError:
+      return  # no checkpoint folder yet
+    except OSError as e:
+      logging.warning("could not remove the unfinished saves in %s: %s",
+                      checkpoint_dir(workdir), e)
+      return
+    if unfinished:
+      for path in unfinished:
+        if problem := _remove_tree(path):
+          logging.warning("could not remove %s, an unfinished save: %s", path, problem)
+          return
+        if not removed:
+          logging.warning("removed %s, the unfinished save", path)
+      removed, quiet_since = True, None
+    elif not removed:
+      return  # nothing failed: no wait
+    elif quiet_since is None:
+      quiet_since = time.monotonic()
+    elif time.monotonic() - quiet_since >= UNFINISHED_QUIET_S:
+      return
+    time.sleep(UNFINISHED_QUIET_S / 4)
+  logging.warning("an unfinished save in %s was still being written after %.0f s; the next "
+                  "start removes it", checkpoint_dir(workdir), UNFINISHED_LIMIT_S)
+
+
+def _remove_tree(path) -> OSError | None:
+  """Removes `path` and what it holds; the error that stopped it, unless the error is a sign of
+  a writer still at work there (a file that vanished, a folder that filled again)."""
+  errors = []
+
+  def record(function, name, error):  # (error: the exception, or before 3.12 sys.exc_info())
+    errors.append(error if isinstance(error, BaseException) else error[1])
+  shutil.rmtree(path, **{"onexc" if sys.version_info >= (3, 12) else "onerror": record})
+  return next((e for e in errors if getattr(e, "errno", None) not in (
+      errno.ENOENT, errno.ENOTEMPTY)), None)
 
 
 def checkpoint_bytes(workdir: str, abstract_state) -> int:

@@ -1,5 +1,5 @@
-"""Several hosts: train.py as 2 processes joined by jax.distributed (loopback, gloo), 4 simulated
-CPU devices each, against the same flags on 1 process with 8 devices. Parameters that no host
+"""Several hosts: train.py as 2 processes joined by jax.distributed (loopback, gloo), 2 simulated
+CPU devices each, against the same flags on 1 process with 4 devices. Parameters that no host
 holds whole (FSDP across hosts, a `model` axis spanning hosts) must train to the end, and to the
 same parameters as on one process."""
 import os
@@ -12,7 +12,7 @@ import pytest
 from aiayn_flax.runtime import checkpoints
 from aiayn_flax import train_step
 from configs import toy
-from multi_host_launch import launch, reserved_port
+from multi_host_launch import DEVICES_PER_HOST, launch, reserved_port
 
 STEPS = 10
 FLAGS = ["train.py", "--config=configs/toy.py", f"--config.num_train_steps={STEPS}",
@@ -24,9 +24,8 @@ FLAGS = ["train.py", "--config=configs/toy.py", f"--config.num_train_steps={STEP
          # which depend on the order of the cross-device sums (gloo across processes, XLA's
          # own within one), into whole learning-rate steps of that parameter.
          "--config.adam_eps=1e-6"]
-# A `model` axis of 8 needs heads and vocabulary divisible by 8.
-MODEL_AXIS_FLAGS = ["--config.mesh=data:1,model:8", "--config.model.num_heads=8",
-                    "--config.model.vocab_size=24"]
+# A `model` axis of all 4 devices, across the 2 hosts (the toy's 4 heads and 20 tokens split).
+MODEL_AXIS_FLAGS = ["--config.mesh=data:1,model:4"]
 
 
 # Joins (or not) as train.py does, then says what it sees.
@@ -50,25 +49,23 @@ def digest_of(result) -> str:
   return re.search(r"^params_digest: ([0-9a-f]{64})$", result.stdout, re.M).group(1)
 
 
-def final_params(workdir, *flags):
+def final_params(workdir):
   config = toy.get_config()
-  if "--config.model.num_heads=8" in flags:
-    config.model.num_heads, config.model.vocab_size = 8, 24
   model = train_step.make_model(config)
   shapes = jax.eval_shape(lambda: train_step.create_train_state(config, model).params)
   return checkpoints.load_params(str(workdir), shapes, [STEPS])
 
 
-def assert_trains_as_on_one_process(workdir_two, two, workdir_one, one, *flags):
+def assert_trains_as_on_one_process(workdir_two, two, workdir_one, one):
   for index, result in enumerate(two):
-    assert f"process {index} of 2, local devices 4, global devices 8" in result.stderr
+    assert f"process {index} of 2, local devices 2, global devices 4" in result.stderr
   assert digest_of(two[0]) == digest_of(two[1])  # both hosts finished with the same params
   digest_of(one)
   # The same parameters up to the rounding of sums taken in another order.
   worst = max(float(np.max(np.abs(a - b)))
-              for a, b in zip(jax.tree.leaves(final_params(workdir_two, *flags)),
-                              jax.tree.leaves(final_params(workdir_one, *flags))))
-  print(f"largest parameter difference, 2 x 4 devices vs 1 x 8: {worst:.2e}")
+              for a, b in zip(jax.tree.leaves(final_params(workdir_two)),
+                              jax.tree.leaves(final_params(workdir_one))))
+  print(f"largest parameter difference, 2 x 2 devices vs 1 x 4: {worst:.2e}")
   assert worst < 1e-5
 
 
@@ -77,18 +74,18 @@ FSDP = ["--config.fsdp=True"]
 
 @pytest.fixture(scope="module")
 def fsdp_runs(tmp_path_factory):
-  """FSDP over 2 hosts x 4 devices, each host building only its own rows (the default), and
-  the same flags on 1 process x 8 devices: launched once for the two tests below."""
+  """FSDP over 2 hosts x 2 devices, each host building only its own rows (the default), and
+  the same flags on 1 process x 4 devices: launched once for the two tests below."""
   root = tmp_path_factory.mktemp("fsdp")
-  two = launch([*FLAGS, *FSDP, f"--workdir={root / 'two'}"], 2, 4)
-  one = launch([*FLAGS, *FSDP, f"--workdir={root / 'one'}"], 1, 8)[0]
+  two = launch([*FLAGS, *FSDP, f"--workdir={root / 'two'}"], 2, DEVICES_PER_HOST)
+  one = launch([*FLAGS, *FSDP, f"--workdir={root / 'one'}"], 1, 2 * DEVICES_PER_HOST)[0]
   return root, two, one
 
 
 @pytest.mark.slow
 def test_fsdp_across_hosts_trains_to_the_end_as_on_one_process(fsdp_runs):
   root, two, one = fsdp_runs
-  assert_trains_as_on_one_process(root / "two", two, root / "one", one, *FSDP)
+  assert_trains_as_on_one_process(root / "two", two, root / "one", one)
 
 
 LOSS = re.compile(r"step (\d+)/\d+: loss ([0-9.]+)")
@@ -102,7 +99,7 @@ def test_hosts_building_only_their_own_rows_train_as_hosts_building_every_row(fs
   (summed over the hosts' rows) is the one process's."""
   _, own, one = fsdp_runs
   every = launch([*FLAGS, *FSDP, "--config.host_local_batches=False",
-                  f"--workdir={tmp_path / 'every'}"], 2, 4)
+                  f"--workdir={tmp_path / 'every'}"], 2, DEVICES_PER_HOST)
   assert digest_of(own[0]) == digest_of(own[1]) == digest_of(every[0])
   curves = [[(int(step), float(loss)) for step, loss in LOSS.findall(result.stderr)]
             for result in (own[0], every[0], one)]
@@ -118,10 +115,11 @@ def test_hosts_building_only_their_own_rows_train_as_hosts_building_every_row(fs
 
 @pytest.mark.slow
 def test_model_axis_spanning_hosts_trains_to_the_end_as_on_one_process(tmp_path):
-  two = launch([*FLAGS, *MODEL_AXIS_FLAGS, f"--workdir={tmp_path / 'two'}"], 2, 4)
-  one = launch([*FLAGS, *MODEL_AXIS_FLAGS, f"--workdir={tmp_path / 'one'}"], 1, 8)[0]
-  assert_trains_as_on_one_process(tmp_path / "two", two, tmp_path / "one", one,
-                                  *MODEL_AXIS_FLAGS)
+  two = launch([*FLAGS, *MODEL_AXIS_FLAGS, f"--workdir={tmp_path / 'two'}"], 2,
+               DEVICES_PER_HOST)
+  one = launch([*FLAGS, *MODEL_AXIS_FLAGS, f"--workdir={tmp_path / 'one'}"], 1,
+               2 * DEVICES_PER_HOST)[0]
+  assert_trains_as_on_one_process(tmp_path / "two", two, tmp_path / "one", one)
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Data, evaluation and the workdir on several hosts: real train.py / evaluate.py processes
-joined by jax.distributed on this machine's loopback (gloo collectives), 2 processes x 4 CPU
-devices, compared with 1 process x 8 devices; and the workdir's lease and damaged files.
+joined by jax.distributed on this machine's loopback (gloo collectives), 2 processes x 2 CPU
+devices, compared with 1 process x 4 devices; and the workdir's lease and damaged files.
 
 The multi-host runs use a tiny Multi30k model (500-piece vocabulary, one layer, 4 steps), so
 that the vocabulary and the tokenized cache are real files built from real text.
@@ -22,7 +22,7 @@ import pytest
 
 from aiayn_flax.runtime import workdir_lease
 from conftest import REPO
-from multi_host_launch import pythonpath_with_cluster_site
+from multi_host_launch import DEVICES_PER_HOST, pythonpath_with_cluster_site
 from test_cloud_workdir import emulated_gcs  # noqa: F401 - a fixture
 
 TINY_MULTI30K = [
@@ -144,12 +144,12 @@ def hosts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_process_run(shared_data, hosts, tmp_path_factory):
-  """A tiny Multi30k run trained by 2 processes x 4 devices, each with its own HOME, temporary,
+  """A tiny Multi30k run trained by 2 processes x 2 devices, each with its own HOME, temporary,
   tfds and cache folders, the data on process 0's alone; the workdir is what they share:
   (workdir, [output of each])."""
   workdir = tmp_path_factory.mktemp("two_process_run")
-  results = run_processes(["train.py", f"--workdir={workdir}", *TINY_MULTI30K], 2, 4,
-                          hosts=hosts)
+  results = run_processes(["train.py", f"--workdir={workdir}", *TINY_MULTI30K], 2,
+                          DEVICES_PER_HOST, hosts=hosts)
   outputs = [output for _, output, _ in results]
   assert [status for status, _, _ in results] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
   return workdir, outputs
@@ -163,7 +163,7 @@ def test_hosts_with_separate_disks_train_evaluate_and_resume_with_the_data_on_ho
   resumed = tmp_path / "run"
   shutil.copytree(workdir, resumed)
   results = run_processes(["train.py", f"--workdir={resumed}", *TINY_MULTI30K,
-                           "--config.num_train_steps=6"], 2, 4, hosts=hosts)
+                           "--config.num_train_steps=6"], 2, DEVICES_PER_HOST, hosts=hosts)
   assert [status for status, _, _ in results] == [0, 0], results[1][1][-3000:]
   assert all("Resumed from step 4 " in output for _, output, _ in results)
   # A test set on host 0's disk alone.
@@ -173,7 +173,7 @@ def test_hosts_with_separate_disks_train_evaluate_and_resume_with_the_data_on_ho
     (own / f"test.{language}").write_text("".join(line + "\n" for line in lines), "utf-8")
   results = run_processes(["evaluate.py", f"--workdir={resumed}", "--beam_size=1",
                            f"--src_file={own / 'test.en'}", f"--ref_file={own / 'test.de'}",
-                           "--average_last=1"], 2, 4, hosts=hosts)
+                           "--average_last=1"], 2, DEVICES_PER_HOST, hosts=hosts)
   assert [status for status, _, _ in results] == [0, 0], results[1][1][-3000:]
   assert "BLEU" in results[0][2]
   assert len((resumed / "eval" / "test.en.beam1_avg1_step6.hyp").read_text().splitlines()) == 24
@@ -187,8 +187,8 @@ def test_hosts_with_separate_disks_train_evaluate_and_resume_with_the_data_on_ho
 @pytest.mark.slow
 def test_a_corpus_on_host_zero_alone_trains_on_two_hosts_as_on_one(shared_data, hosts, tmp_path):
   """A user's own parallel text (configs/parallel_text.py) on host 0's disk alone: host 1 runs
-  in its own mount namespace, where that folder is empty. The 2 x 4 devices train with host 0's
-  token cache key, to the loss of 1 process x 8 devices."""
+  in its own mount namespace, where that folder is empty. The 2 x 2 devices train with host 0's
+  token cache key, to the loss of 1 process x 4 devices."""
   from aiayn_flax.data import text_files
   corpus, empty = tmp_path / "host0_disk", tmp_path / "empty"
   corpus.mkdir()
@@ -202,9 +202,10 @@ def test_a_corpus_on_host_zero_alone_trains_on_two_hosts_as_on_one(shared_data, 
                    for language in ("en", "de"))
   flags = [f"--config=configs/parallel_text.py:{files}", "--config.device=cpu",
            *TINY_MULTI30K[1:]]
-  two = run_processes(["train.py", f"--workdir={tmp_path / 'two'}", *flags], 2, 4, hosts=hosts,
-                      prefix_of={1: without_folder(corpus, empty)})
-  one = run_processes(["train.py", f"--workdir={tmp_path / 'one'}", *flags], 1, 8)
+  two = run_processes(["train.py", f"--workdir={tmp_path / 'two'}", *flags], 2,
+                      DEVICES_PER_HOST, hosts=hosts, prefix_of={1: without_folder(corpus, empty)})
+  one = run_processes(["train.py", f"--workdir={tmp_path / 'one'}", *flags], 1,
+                      2 * DEVICES_PER_HOST)
   assert [status for status, _, _ in two + one] == [0, 0, 0], two[1][1][-3000:]
   assert "token ids read from" in two[1][1] and "SentencePiece" not in two[1][1]
   curves = [[(int(step), float(loss)) for step, loss in LOSS.findall(output)]
@@ -226,7 +227,8 @@ def test_hosts_that_disagree_or_do_not_share_the_workdir_all_stop_in_one_line(
   workdir, _ = two_process_run
   run = tmp_path / "run"
   shutil.copytree(workdir, run)
-  results = run_processes(["train.py", f"--workdir={run}", *TINY_MULTI30K], 2, 4, hosts=hosts,
+  results = run_processes(["train.py", f"--workdir={run}", *TINY_MULTI30K], 2,
+                          DEVICES_PER_HOST, hosts=hosts,
                           args_of={1: ["--config.label_smoothing=0.2"]})
   for status, output, _ in results:
     assert status == 1, output[-3000:]
@@ -235,8 +237,8 @@ def test_hosts_that_disagree_or_do_not_share_the_workdir_all_stop_in_one_line(
         "host 0, 0.2 on host 1"]
   # Host 1 names a workdir on its own disk: it cannot see host 0's lease.
   local = hosts / "host1" / "home" / "run"
-  results = run_processes(["train.py", f"--workdir={run}", *TINY_MULTI30K], 2, 4, hosts=hosts,
-                          args_of={1: [f"--workdir={local}"]})
+  results = run_processes(["train.py", f"--workdir={run}", *TINY_MULTI30K], 2,
+                          DEVICES_PER_HOST, hosts=hosts, args_of={1: [f"--workdir={local}"]})
   for index, (status, output, _) in enumerate(results):
     assert status == 1, output[-3000:]
     [line] = error_lines(output)
@@ -267,7 +269,7 @@ def test_vocabulary_and_token_ids_are_built_once_by_process_zero(two_process_run
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # with the fixture's training when it runs first: 2 x 4 devices
+@pytest.mark.timeout(1800)  # with the fixture's training when it runs first: 2 x 2 devices
 def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
     two_process_run, shared_data, tmp_path):
   from aiayn_flax.data import text_files
@@ -278,7 +280,8 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
                                               encoding="utf-8")
   outputs = {}
   # The same batches of 16 sentences on both: --batch_size counts per device.
-  for processes, devices, batch_size in ((1, 1, 16), (2, 4, 2)):
+  for processes, devices, batch_size in ((1, 1, 16),
+                                         (2, DEVICES_PER_HOST, 16 // (2 * DEVICES_PER_HOST))):
     results = run_processes(
         ["evaluate.py", f"--workdir={workdir}", f"--src_file={tmp_path / 'test.en'}",
          f"--ref_file={tmp_path / 'test.de'}", "--beam_size=4", f"--batch_size={batch_size}",
@@ -292,20 +295,20 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
   assert (one / f"{name}.hyp").read_bytes().count(b"\n") == 24
   assert json.loads((one / f"{name}.json").read_text()) == json.loads(
       (two / f"{name}.json").read_text())
-  # Every batch was decoded by the 8 devices of both processes together, and only process 0
+  # Every batch was decoded by the 4 devices of both processes together, and only process 0
   # printed and wrote.
   first, second = outputs[2]
   decoded = re.compile(r"decoded 24/24 sentences \([\d.]+ sentences/s on (\d+) device\(s\)")
   assert decoded.findall(outputs[1][0]) == ["1"]
-  assert decoded.findall(first) == decoded.findall(second) == ["8"]
+  assert decoded.findall(first) == decoded.findall(second) == [str(2 * DEVICES_PER_HOST)]
   assert "BLEU" in first and f"wrote {name}.json and .hyp" in first
   assert "BLEU" not in second and "wrote" not in second
 
-  # translate.py on every worker, decoding over their 8 devices: the same translations,
+  # translate.py on every worker, decoding over their 4 devices: the same translations,
   # printed once, by process 0.
   results = run_processes(["translate.py", f"--workdir={workdir}",
                            f"--input={tmp_path / 'test.en'}", "--beam_size=4",
-                           "--batch_size=2"], 2, 4)
+                           f"--batch_size={16 // (2 * DEVICES_PER_HOST)}"], 2, DEVICES_PER_HOST)
   assert [status for status, _, _ in results] == [0, 0], results[1][1][-3000:]
   printed = [without_gloo_lines(stdout) for _, _, stdout in results]
   assert printed == [(one / f"{name}.hyp").read_text(), ""]

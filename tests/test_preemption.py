@@ -1,5 +1,5 @@
 """Stops and resumes on several hosts: two train.py processes joined by jax.distributed
-(loopback, gloo, 4 simulated CPU devices each) form one run with its parameters split over both
+(loopback, gloo, 2 simulated CPU devices each) form one run with its parameters split over both
 (FSDP), taking two steps per call. Each test ends with the parameters of one uninterrupted run of
 the same command (a module fixture: 2-process launches are the slowest part of the suite).
 
@@ -19,7 +19,7 @@ import pytest
 
 from aiayn_flax.runtime import checkpoints
 from conftest import truncate_array_files
-from multi_host_launch import launch
+from multi_host_launch import DEVICES_PER_HOST, launch
 
 FLAGS = ["train.py", "--config=configs/toy.py", "--config.num_train_steps=12",
          "--config.fsdp=True", "--config.steps_per_call=2", "--config.log_every_steps=2",
@@ -42,7 +42,7 @@ def uninterrupted(tmp_path_factory):
   """The workdir and final parameter digests of the run never interrupted (checkpoints at 6
   and 12)."""
   workdir = tmp_path_factory.mktemp("uninterrupted")
-  result = digests(launch([*FLAGS, f"--workdir={workdir}"], 2, 4))
+  result = digests(launch([*FLAGS, f"--workdir={workdir}"], 2, DEVICES_PER_HOST))
   assert result[0] == result[1]
   return workdir, result
 
@@ -55,15 +55,17 @@ def test_a_signal_to_one_host_stops_every_host_at_the_same_step_then_resumes_exa
   # SIGTERM to process 1 alone after step 2: both stop after the next call's two steps, at 4.
   # Process 0 catches a Ctrl-C of its own after step 4, too late for that agreement: it stops
   # with the agreed SIGTERM (143, which wins over SIGINT), not with its own 130.
-  stopped = launch(run, 2, 4, process_env={1: {"AIAYN_TEST_SIGNAL_AT_STEP": "SIGTERM:2"},
-                                           0: {"AIAYN_TEST_SIGNAL_AT_STEP": "SIGINT:4"}})
+  stopped = launch(run, 2, DEVICES_PER_HOST,
+                   process_env={1: {"AIAYN_TEST_SIGNAL_AT_STEP": "SIGTERM:2"},
+                                0: {"AIAYN_TEST_SIGNAL_AT_STEP": "SIGINT:4"}})
   assert [r.returncode for r in stopped] == [143, 143], stopped[0].stderr[-3000:]
   for result in stopped:
     assert "stopped by SIGTERM at step 4 (checkpoint saved)" in result.stderr
   assert "SIGINT received" in stopped[0].stderr
   assert checkpoints.last_steps(str(tmp_path / "run"), 10) == [4]  # saved once, at that step
 
-  resumed = launch(run, 2, 4, env={"JAX_DEBUG_LOG_MODULES": "jax._src.compiler"})
+  resumed = launch(run, 2, DEVICES_PER_HOST,
+                   env={"JAX_DEBUG_LOG_MODULES": "jax._src.compiler"})
   for result in resumed:
     assert "Resumed from step 4 of" in result.stderr
   assert digests(resumed) == uninterrupted[1]
@@ -83,7 +85,7 @@ def test_hosts_agree_on_the_checkpoint_to_resume_from_and_retry_a_failed_read(
   shutil.copytree(uninterrupted[0], workdir)
   truncate_array_files(str(workdir), 12, under="ocdbt.process_1")
 
-  resumed = launch([*FLAGS, f"--workdir={workdir}"], 2, 4, process_env={
+  resumed = launch([*FLAGS, f"--workdir={workdir}"], 2, DEVICES_PER_HOST, process_env={
       1: {checkpoints.TEST_READ_ERROR_VARIABLE: "6"}})
   assert digests(resumed) == uninterrupted[1]
   damaged = f"{checkpoints.checkpoint_dir(str(workdir))}/12 cannot be read ("

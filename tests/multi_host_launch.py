@@ -21,11 +21,11 @@ import tempfile
 from conftest import REPO
 
 CLUSTER_SITE = REPO / "tests" / "cluster_site"
-# Simulated CPU devices per host in the tests that train on several hosts. Two, not more: gloo
-# sums the gradients' arrays one at a time across every device (71 arrays for the toy model),
-# about 4 ms each with 8 devices on 2 cores and 1 ms with 4, so a toy step takes 0.28 s on
-# 2 hosts x 4 devices and 0.08 s on 2 x 2 (docs/lab_notes/TESTS.md). With two, each host still
-# sums over its own devices before it sums across hosts.
+# Simulated CPU devices per host in the tests that train on several hosts. Two, not more: the
+# gradient sum over gloo costs about 4 ms per array (71 for the toy model) with 8 devices on 2
+# cores and about 1 ms with 4, so a toy step takes 0.28 s on 2 hosts x 4 devices and 0.08 s on
+# 2 x 2 (docs/lab_notes/TESTS.md). With two, each host still sums over its own devices before
+# it sums across hosts.
 DEVICES_PER_HOST = 2
 
 

@@ -1,6 +1,9 @@
 """Checkpoints of a toy run: they hold the state training ended with, average as section 6.1
-says, continue a run, and record the software that wrote them."""
+says, continue a run, and record the software that wrote them; and a failed save's folder is
+removed even while a late writer recreates it."""
 import shutil
+import threading
+import time
 
 import jax
 import numpy as np
@@ -83,8 +86,6 @@ def test_a_failed_save_s_folder_that_a_late_writer_recreates_is_removed_again(tm
   """Orbax's writer threads may still be failing after the error reached the trainer and
   recreate the unfinished save's folder just removed: remove_unfinished removes it again
   until the folder stays gone, and leaves the finished checkpoints as they were."""
-  import threading
-  import time
   monkeypatch.setattr(checkpoints, "UNFINISHED_QUIET_S", 0.3)
   directory = checkpoints.checkpoint_dir(str(tmp_path))
   (directory / "20").mkdir(parents=True)
@@ -113,4 +114,3 @@ def test_a_failed_save_s_folder_that_a_late_writer_recreates_is_removed_again(tm
   writer.join()
   assert sorted(p.name for p in directory.iterdir()) == ["20"]
   assert (directory / "20" / "kept").read_text() == "a finished checkpoint"
-

@@ -104,24 +104,22 @@ def intact_text(workdir: str) -> str:
           f"(the same command resumes from it)")
 
 
+_UNFINISHED_SAVE = re.compile(r"/checkpoints/(\d+)\.orbax-checkpoint-tmp")
+
+
 def unfinished_step(workdir: str) -> int | None:
   """The step of a save begun and not finished (orbax's STEP.orbax-checkpoint-tmp* folder),
   the newest where there are several; None where there is none."""
   try:
-    names = [p.name for p in checkpoint_dir(workdir).iterdir()]
+    found = [unfinished_step_in(os.fspath(p)) for p in checkpoint_dir(workdir).iterdir()]
   except OSError:
     return None
-  steps = [int(name.split(".")[0]) for name in names
-           if ".orbax-checkpoint-tmp" in name and name.split(".")[0].isdigit()]
-  return max(steps, default=None)
-
-
-_UNFINISHED_SAVE = re.compile(r"/checkpoints/(\d+)\.orbax-checkpoint-tmp")
+  return max((step for step in found if step is not None), default=None)
 
 
 def unfinished_step_in(path: str | None) -> int | None:
-  """The step of the unfinished save that `path` lies in (.../checkpoints/STEP.orbax-checkpoint-
-  tmp.../FILE), or None. Another process may have removed that folder already
+  """The step of the unfinished save that `path` is or lies in (.../checkpoints/STEP.orbax-
+  checkpoint-tmp...[/FILE]), or None. Another process may have removed that folder already
   (remove_unfinished), where unfinished_step no longer finds it."""
   found = _UNFINISHED_SAVE.search(path or "")
   return int(found.group(1)) if found else None

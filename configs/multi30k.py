@@ -2,7 +2,8 @@
 on the 2 CPU cores of the host measured (docs/RESULTS.md, "Training time"): test2016 sacreBLEU
 38.17 greedy and 38.83 with beam 4, both on the last 5 checkpoints averaged (seeds 0, 1, 2:
 38.15 +- 0.12 and 38.58 +- 0.33; README's table; docs/RECIPE.md has every run behind this
-recipe).
+recipe). Those runs predate 522d693, which draws dropout's masks otherwise: today's code gives
+another run (docs/RESULTS.md, "Scores").
 
 Same recipe as the paper at a smaller, deeper size, as the Multi30k literature's text-only
 baselines: d_model 128, d_ff 512, 4 heads, 4+4 layers (2.9M parameters, 1.0M of them the shared

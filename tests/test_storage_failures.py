@@ -436,8 +436,10 @@ def test_an_unfinished_save_on_a_read_only_disk_is_named_once_without_waiting(
   work."""
   unfinished = checkpoints.checkpoint_dir(str(tmp_path / "run")) / "40.orbax-checkpoint-tmp-1"
   (unfinished / "state").mkdir(parents=True)
-  pauses = []
-  monkeypatch.setattr(checkpoints.time, "sleep", pauses.append)
+  # Sleeps of this thread only: another test's leftover thread in this worker may sleep too.
+  pauses, sleep, this_thread = [], time.sleep, threading.get_ident()
+  monkeypatch.setattr(checkpoints.time, "sleep", lambda seconds: pauses.append(seconds)
+                      if threading.get_ident() == this_thread else sleep(seconds))
   with read_only_view(tmp_path / "run", tmp_path / "view"):
     with caplog.at_level(python_logging.WARNING):
       checkpoints.remove_unfinished(str(tmp_path / "view"))

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from aiayn_flax import devices
 # EOS, PAD and UNK matter to source token dropout and the padding mask
 from aiayn_flax.data.vocabulary import EOS_ID, PAD_ID, UNK_ID
 
@@ -171,7 +172,7 @@ def pallas_attention(q, k, v, mask, cross: bool, interpret: bool):
   if interpret:
     return kernels(q, k, v, mask)
   through_xla = functools.partial(fused_attention, implementation="xla")
-  return jax.lax.platform_dependent(q, k, v, mask, cpu=through_xla, default=kernels)
+  return devices.platform_dependent(q, k, v, mask, cpu=through_xla, default=kernels)
 
 
 MASKED = 1e4

@@ -36,7 +36,9 @@ f32 on V100 and P100.
 It lies in the model layer although planning/ is its main reader: train_step.py reads the
 compute dtype of a device's kind here, so in planning/ the two layers would import each other.
 """
+import contextvars
 import dataclasses
+import functools
 import os
 
 import jax
@@ -153,3 +155,36 @@ def local_kind(device, num_local_devices: int = 1) -> DeviceKind:
     fraction = 0.5
   return DeviceKind(device.platform, device.device_kind, 0.0, 0.0, memory, fraction,
                     f"local {device.platform}", 1, _has_bfloat16_units(device))
+
+
+# The platform of the devices the program being traced is for, where its builder knows them
+# (training_programs: its mesh's); None where it does not, and every form is traced.
+_tracing_for = contextvars.ContextVar("aiayn_flax_tracing_for", default=None)
+
+
+def traced_for(platform: str, function):
+  """`function`, whose traces know that their program is for devices of `platform` ("cpu",
+  "gpu", "tpu"): a program whose arguments are placed on a mesh's devices can be lowered for
+  nothing else (see platform_dependent). Keeps the function's name, which names the program."""
+  @functools.wraps(function)
+  def traced(*args, **kwargs):
+    token = _tracing_for.set(platform)
+    try:
+      return function(*args, **kwargs)
+    finally:
+      _tracing_for.reset(token)
+  return traced
+
+
+def platform_dependent(*args, cpu, **forms):
+  """jax.lax.platform_dependent(*args, cpu=cpu, **forms) (each form the operation as it suits
+  a platform), except in a program traced for CPU devices (traced_for("cpu", ...)): there the
+  CPU's form is called alone. Elsewhere every form is traced and the lowering keeps the one of
+  the platform it lowers for, as a deviceless compile for a TPU or GPU (whose devices are a
+  topology's, not the CPU's) or the compiled plan's CPU lowering of a GPU step need. Tracing
+  every form and differentiating through the conditional that joins them took about 0.5 s of
+  the toy train step's trace on 2 CPU cores (docs/lab_notes/TESTS.md)."""
+  if _tracing_for.get() == "cpu":
+    return cpu(*args)
+  return jax.lax.platform_dependent(*args, cpu=cpu, **forms)
+

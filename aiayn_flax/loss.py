@@ -4,6 +4,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from aiayn_flax import devices
 from aiayn_flax.model import PAD_ID
 
 
@@ -25,7 +26,7 @@ def target_logit(logits: jnp.ndarray, targets: jnp.ndarray) -> jnp.ndarray:
   step's 46 ms; the select left the step's time as it was and took 2.3 GB off its peak memory.
   On the CPU the select was the slower (docs/PERFORMANCE.md has both). Chosen when the step is
   lowered, so that a deviceless compile for a TPU or GPU gets the form of its target."""
-  return jax.lax.platform_dependent(logits, targets, cpu=target_logit_by_gather,
+  return devices.platform_dependent(logits, targets, cpu=target_logit_by_gather,
                                     default=target_logit_by_select)
 
 
@@ -105,7 +106,7 @@ def per_position(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: float):
   fused = lambda x, t: fused_smoothed_nll(x, t, smoothing)  # noqa: E731
   if FORM != "auto":
     return {"reductions": reductions, "fused": fused}[FORM](logits, targets)
-  return jax.lax.platform_dependent(logits, targets, cpu=reductions, tpu=reductions,
+  return devices.platform_dependent(logits, targets, cpu=reductions, tpu=reductions,
                                     default=fused)
 
 

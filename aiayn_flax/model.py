@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from aiayn_flax import decoding
+from aiayn_flax import decoding, devices
 # head_dims is read here by the planning code and benches (model.head_dims)
 from aiayn_flax.attention import (Dropout, MultiHeadAttention, SourceTokenDropout,  # noqa: F401
                                   _ones, _xavier, _zeros, causal_mask, head_dims, padding_mask)
@@ -66,7 +66,7 @@ class LayerNorm(nn.Module):
     as_flax = functools.partial(layer_norm_as_flax, epsilon=self.epsilon, dtype=self.dtype)
     gpu = (as_flax if GPU_LAYER_NORM == "flax" else
            functools.partial(layer_norm_one_pass, epsilon=self.epsilon, dtype=self.dtype))
-    return jax.lax.platform_dependent(x, scale, bias, cpu=as_flax, tpu=as_flax, default=gpu)
+    return devices.platform_dependent(x, scale, bias, cpu=as_flax, tpu=as_flax, default=gpu)
 
 
 def _row_means(x):

@@ -4,7 +4,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import optax
 
-from aiayn_flax import sharding
+from aiayn_flax import devices, sharding
 
 
 def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
@@ -80,7 +80,7 @@ def skip_nonfinite(inner: optax.GradientTransformation,
       return by_array(updates, state)
     if FORM == "one_vector":
       return update_with_one_check(updates, state)
-    return jax.lax.platform_dependent(updates, state, cpu=by_array, tpu=by_array,
+    return devices.platform_dependent(updates, state, cpu=by_array, tpu=by_array,
                                     default=update_with_one_check)
 
   return optax.GradientTransformation(per_array.init, update)

@@ -6,7 +6,7 @@ import functools
 
 import jax
 
-from aiayn_flax import optimizer, sharding, train_step
+from aiayn_flax import devices, optimizer, sharding, train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,26 +33,29 @@ def training_programs(config, model, mesh, state_sharding) -> TrainingPrograms:
   schedule = optimizer.learning_rate_schedule(config)
   one_vector = optimizer.state_is_whole_on_each_device(config)
   align_rows = aligns_rows(mesh)
+  # Traced knowing their devices' platform: on a CPU mesh, the CPU's forms alone.
+  platform = mesh.devices.flat[0].platform
+  for_mesh = functools.partial(devices.traced_for, platform)
   step_fn = jax.jit(
-      functools.partial(train_step.train_step, model=model,
+      functools.partial(for_mesh(train_step.train_step), model=model,
                         label_smoothing=config.label_smoothing, schedule=schedule,
                         one_vector=one_vector, align_rows=align_rows),
       in_shardings=(state_sharding, batch_sharding, replicated),
       out_shardings=(state_sharding, replicated), donate_argnums=0)
   steps_fn = jax.jit(
-      functools.partial(train_step.train_steps, model=model,
+      functools.partial(for_mesh(train_step.train_steps), model=model,
                         label_smoothing=config.label_smoothing, schedule=schedule,
                         one_vector=one_vector, align_rows=align_rows),
       in_shardings=(state_sharding, stacked_batch_sharding, replicated, replicated),
       out_shardings=(state_sharding, replicated), donate_argnums=0)
-  accumulate_fn = jax.jit(functools.partial(train_step.accumulate_step, model=model,
+  accumulate_fn = jax.jit(functools.partial(for_mesh(train_step.accumulate_step), model=model,
                                             label_smoothing=config.label_smoothing,
                                             align_rows=align_rows),
                           donate_argnums=0)
-  apply_fn = jax.jit(functools.partial(train_step.apply_gradient_sums, schedule=schedule,
+  apply_fn = jax.jit(functools.partial(for_mesh(train_step.apply_gradient_sums), schedule=schedule,
                                         one_vector=one_vector),
                      out_shardings=(state_sharding, replicated), donate_argnums=(0, 1))
-  eval_fn = jax.jit(functools.partial(train_step.eval_step, model=model,
+  eval_fn = jax.jit(functools.partial(for_mesh(train_step.eval_step), model=model,
                                       label_smoothing=config.label_smoothing,
                                       align_rows=align_rows))
   return TrainingPrograms(step_fn, steps_fn, accumulate_fn, apply_fn, eval_fn)

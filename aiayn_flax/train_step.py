@@ -125,7 +125,7 @@ def gradients_per_token(grad_sums, tokens, one_vector: bool):
     return per_array(grad_sums, tokens)
   if optimizer.FORM == "one_vector":
     return in_one_vector(grad_sums, tokens)
-  return jax.lax.platform_dependent(grad_sums, tokens, cpu=per_array, tpu=per_array,
+  return devices.platform_dependent(grad_sums, tokens, cpu=per_array, tpu=per_array,
                                     default=in_one_vector)
 
 

@@ -130,6 +130,39 @@ def test_the_cpu_step_is_the_cpu_forms(forms):
   assert chosen != optimized_program("fused", "one_vector")
 
 
+def test_programs_for_cpu_devices_trace_the_cpu_forms_alone_and_compile_the_same_step():
+  """The trainer's programs on a mesh of CPU devices call the CPU's forms directly
+  (devices.platform_dependent): no platform_index in their trace, so no GPU form to trace and
+  differentiate through a conditional. Their compiled step is the one that tracing every form
+  and letting the lowering choose compiles for the CPU, instruction for instruction."""
+  from aiayn_flax import programs, sharding, train_step
+  config, state, _ = _state_and_gradients()
+  model = train_step.make_model(config)
+  mesh = sharding.data_parallel_mesh(jax.devices()[:1])
+  state_sharding = sharding.train_state_shardings(
+      mesh, jax.eval_shape(lambda: state), train_step.logical_param_specs(model), config.fsdp)
+  state = jax.device_put(state, state_sharding)
+  batch = {k: np.full((4, 8), 5, np.int32) for k in ("inputs", "targets")}
+  key = train_step.dropout_key(0)
+  on_the_mesh = programs.training_programs(config, model, mesh, state_sharding).step_fn
+  replicated = sharding.replicated(mesh)
+  every_form = jax.jit(  # as training_programs builds it, without the platform known
+      functools.partial(train_step.train_step, model=model,
+                        label_smoothing=config.label_smoothing,
+                        schedule=optimizer.learning_rate_schedule(config), one_vector=True,
+                        align_rows=False),
+      in_shardings=(state_sharding, sharding.batch_sharding(mesh), replicated),
+      out_shardings=(state_sharding, replicated), donate_argnums=0)
+  assert "platform_index" not in str(jax.make_jaxpr(on_the_mesh)(state, batch, key))
+  assert "platform_index" in str(jax.make_jaxpr(every_form)(state, batch, key))
+
+  def instructions(step):
+    text = step.lower(state, batch, key).compile().as_text()
+    return [re.sub(r"\.\d+\b", "", line.split(", metadata=")[0]) for line in text.splitlines()
+            if " = " in line]
+  assert instructions(on_the_mesh) == instructions(every_form)
+
+
 @pytest.mark.slow
 def test_the_loss_is_compiled_in_one_pass_for_a_gpu_alone(forms):
   """platform_dependent picks the loss's form where it is compiled (deviceless, the `aot`

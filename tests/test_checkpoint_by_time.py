@@ -11,10 +11,12 @@ from aiayn_flax.runtime import checkpoints
 from aiayn_flax import config_checks
 from aiayn_flax.training import resume, trainer
 from configs import base, big, toy
+from conftest import TOY_ONE_LAYER
 
 
 def by_minutes_config():
   config = toy.get_config()
+  config.model.num_layers = 1  # conftest.TOY_ONE_LAYER
   config.num_train_steps, config.log_every_steps, config.eval_every_steps = 14, 1, 0
   config.checkpoint_every_minutes, config.checkpoint_every_steps = 2, 0  # by the clock alone
   config.keep_checkpoints, config.checkpoint_asynchronously = 10, False
@@ -76,7 +78,7 @@ def test_two_hosts_agree_on_every_checkpoint_by_minutes(tmp_path):
   after the same step, or they would wait for each other inside orbax. Minutes this short make
   one due at nearly every step, on one host before the other."""
   from multi_host_launch import launch
-  results = launch(["train.py", "--config=configs/toy.py", f"--workdir={tmp_path}",
+  results = launch(["train.py", "--config=configs/toy.py", f"--workdir={tmp_path}", TOY_ONE_LAYER,
                     "--config.num_train_steps=12", "--config.checkpoint_every_minutes=0.0005",
                     "--config.checkpoint_every_steps=0", "--config.keep_checkpoints=20",
                     "--config.log_every_steps=4", "--config.eval_every_steps=0",

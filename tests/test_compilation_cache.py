@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from aiayn_flax.runtime import compilation_cache
+from conftest import TOY_ONE_LAYER
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +30,7 @@ def train_toy(workdir, steps: int):
   env |= {"JAX_DEBUG_LOG_MODULES": "jax._src.compiler,jax._src.compilation_cache",
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
   result = subprocess.run(
-      [sys.executable, "train.py", "--config=configs/toy.py", f"--workdir={workdir}",
+      [sys.executable, "train.py", "--config=configs/toy.py", f"--workdir={workdir}", TOY_ONE_LAYER,
        f"--config.num_train_steps={steps}", "--config.checkpoint_every_steps=10",
        "--config.eval_every_steps=10", "--config.log_every_steps=10"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

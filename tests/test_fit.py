@@ -10,7 +10,7 @@ import pytest
 from aiayn_flax import config_checks, devices, train_step
 from aiayn_flax.data import bucketing
 from aiayn_flax.planning import dry_run, fit
-from conftest import run_script
+from conftest import TOY_ONE_LAYER, run_script
 from configs import base, big, toy
 
 EIGHT_CPU_DEVICES = {"XLA_FLAGS": os.environ.get("XLA_FLAGS", "")
@@ -101,7 +101,7 @@ def toy_run(workdir, *flags, cache=None):
     env |= {"JAX_COMPILATION_CACHE_DIR": str(cache),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_DEBUG_LOG_MODULES": "jax._src.compiler,jax._src.compilation_cache"}
-  return run_script("train.py", "--config=configs/toy.py", f"--workdir={workdir}",
+  return run_script("train.py", "--config=configs/toy.py", f"--workdir={workdir}", TOY_ONE_LAYER,
                     "--config.tokens_per_batch=4096", "--config.dataset.bucket_min_length=12",
                     "--config.num_train_steps=2", "--config.checkpoint_every_steps=2",
                     "--config.dataset.toy_eval_examples=16", "--config.eval_every_steps=0",

@@ -12,10 +12,12 @@ import pytest
 from aiayn_flax.runtime import checkpoints
 from aiayn_flax import train_step
 from configs import toy
+from conftest import TOY_ONE_LAYER
 from multi_host_launch import DEVICES_PER_HOST, launch, reserved_port
 
 STEPS = 10
-FLAGS = ["train.py", "--config=configs/toy.py", f"--config.num_train_steps={STEPS}",
+FLAGS = ["train.py", "--config=configs/toy.py", TOY_ONE_LAYER,
+         f"--config.num_train_steps={STEPS}",
          "--config.log_every_steps=5", "--config.checkpoint_every_steps=1000",
          # No evaluation (about 11 s a launch across two hosts): these tests read parameters.
          "--config.eval_every_steps=0", "--config.dataset.toy_eval_examples=10",
@@ -51,6 +53,7 @@ def digest_of(result) -> str:
 
 def final_params(workdir):
   config = toy.get_config()
+  config.model.num_layers = 1  # TOY_ONE_LAYER
   model = train_step.make_model(config)
   shapes = jax.eval_shape(lambda: train_step.create_train_state(config, model).params)
   return checkpoints.load_params(str(workdir), shapes, [STEPS])

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from aiayn_flax.runtime import workdir_lease
-from conftest import REPO
+from conftest import REPO, TOY_ONE_LAYER
 from multi_host_launch import DEVICES_PER_HOST, pythonpath_with_cluster_site
 from test_cloud_workdir import emulated_gcs  # noqa: F401 - a fixture
 
@@ -41,7 +41,8 @@ TINY_MULTI30K = [
     # A 4-step model stops at the length limit: 10 past the source, not the paper's 50, a
     # third of the decoding steps (what the tests compare does not depend on it).
     "--config.decode_extra_length=10"]
-TOY = ["--config=configs/toy.py", "--config.log_every_steps=10",  # no validation: not read
+TOY = ["--config=configs/toy.py", TOY_ONE_LAYER,
+       "--config.log_every_steps=10",  # no validation: not read
        "--config.checkpoint_every_steps=10", "--config.eval_every_steps=0",
        "--config.dataset.toy_eval_examples=20", "--config.checkpoint_asynchronously=false"]
 DIGEST = re.compile(r"^params_digest: (\w+)$", re.M)

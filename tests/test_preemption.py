@@ -18,10 +18,10 @@ import shutil
 import pytest
 
 from aiayn_flax.runtime import checkpoints
-from conftest import truncate_array_files
+from conftest import TOY_ONE_LAYER, truncate_array_files
 from multi_host_launch import DEVICES_PER_HOST, launch
 
-FLAGS = ["train.py", "--config=configs/toy.py", "--config.num_train_steps=12",
+FLAGS = ["train.py", "--config=configs/toy.py", TOY_ONE_LAYER, "--config.num_train_steps=12",
          "--config.fsdp=True", "--config.steps_per_call=2", "--config.log_every_steps=2",
          "--config.checkpoint_every_steps=6", "--config.keep_checkpoints=5",
          # No evaluation (about 11 s a launch across two hosts): these tests read parameters.

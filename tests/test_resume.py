@@ -14,10 +14,10 @@ import pytest
 
 from aiayn_flax.runtime import checkpoints, stops
 from aiayn_flax.training import trainer
-from conftest import REPO
+from conftest import REPO, TOY_ONE_LAYER
 from configs import toy
 
-TOY_FLAGS = ["--config=configs/toy.py", "--config.num_train_steps=60",
+TOY_FLAGS = ["--config=configs/toy.py", TOY_ONE_LAYER, "--config.num_train_steps=60",
              "--config.checkpoint_every_steps=20", "--config.log_every_steps=1",
              # No evaluation: these tests read parameters and logged losses.
              "--config.eval_every_steps=0", "--config.dataset.toy_eval_examples=20",
@@ -27,6 +27,12 @@ TOY_FLAGS = ["--config=configs/toy.py", "--config.num_train_steps=60",
              # Synchronous saves: a kill at step 30 then surely finds step 20 complete.
              "--config.checkpoint_asynchronously=false"]
 LOSS_LINE = re.compile(r"step (\d+)/60: loss ([0-9.]+)")
+
+
+def one_layer_toy():
+  config = toy.get_config()
+  config.model.num_layers = 1  # TOY_ONE_LAYER
+  return config
 
 
 def start_training(workdir, *extra, signal_at: str | None = None):
@@ -111,7 +117,7 @@ def test_several_steps_per_call_resume_exactly_after_sigkill(tmp_path):
 def test_half_written_newest_checkpoint_is_ignored(tmp_path):
   # eval_every_steps=0 here and below: no validation at the end (its decoding's compile and
   # run) where the test reads parameters and steps alone.
-  config = toy.get_config()
+  config = one_layer_toy()
   config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 20, 10, 0
   config.dataset.toy_eval_examples = 10
   trainer.train_and_evaluate(config, str(tmp_path))
@@ -134,7 +140,7 @@ def test_half_written_newest_checkpoint_is_ignored(tmp_path):
 @pytest.mark.slow  # trains
 def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_checkpoint(
     tmp_path, monkeypatch):
-  config = toy.get_config()
+  config = one_layer_toy()
   config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 10, 5, 0
   config.dataset.toy_eval_examples = 10
   trainer.train_and_evaluate(config, str(tmp_path))
@@ -160,7 +166,7 @@ def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_ch
 @pytest.mark.slow  # trains
 def test_resuming_with_a_different_model_is_refused_with_the_field_named_and_data_dir_is_not(
     tmp_path):
-  config = toy.get_config()
+  config = one_layer_toy()
   config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 5, 0
   config.dataset.toy_eval_examples = 10
   trainer.train_and_evaluate(config, str(tmp_path))
@@ -175,7 +181,7 @@ def test_resuming_with_a_different_model_is_refused_with_the_field_named_and_dat
 
 @pytest.mark.slow  # trains, then starts train.py
 def test_resuming_on_another_number_of_data_shards_is_refused_naming_both(tmp_path):
-  config = toy.get_config()
+  config = one_layer_toy()
   config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 5, 5, 0
   config.dataset.toy_eval_examples = 10
   trainer.train_and_evaluate(config, str(tmp_path))  # 1 device here
@@ -183,7 +189,7 @@ def test_resuming_on_another_number_of_data_shards_is_refused_naming_both(tmp_pa
              XLA_FLAGS="--xla_force_host_platform_device_count=2")
   result = subprocess.run(
       [sys.executable, "train.py", "--config=configs/toy.py", f"--workdir={tmp_path}",
-       "--config.num_train_steps=10", "--config.eval_every_steps=0",
+       TOY_ONE_LAYER, "--config.num_train_steps=10", "--config.eval_every_steps=0",
        "--config.dataset.toy_eval_examples=10", "--config.checkpoint_every_steps=5"],
       cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
   assert result.returncode == 1, result.stderr[-2000:]

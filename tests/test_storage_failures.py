@@ -23,7 +23,7 @@ import pytest
 from absl import logging as absl_logging
 
 from aiayn_flax.runtime import checkpoints, storage_errors
-from conftest import REPO
+from conftest import REPO, TOY_ONE_LAYER
 from multi_host_launch import launch
 
 # With the validation at the end: without it, a run whose last save fails during an
@@ -236,7 +236,7 @@ def test_a_read_only_workdir_stops_in_one_line_and_a_read_only_cache_only_warns(
 @pytest.mark.parametrize("fill_at", ["10", "20.orbax-checkpoint-tmp"])  # after 10; during 20
 def test_two_hosts_whose_workdir_fills_both_stop_within_a_minute_in_one_line_each(fill_at,
                                                                                    tmp_path):
-  flags = ["train.py", "--config=configs/toy.py", "--config.num_train_steps=30",
+  flags = ["train.py", "--config=configs/toy.py", TOY_ONE_LAYER, "--config.num_train_steps=30",
            "--config.checkpoint_every_steps=10", "--config.log_every_steps=10",
            "--config.checkpoint_asynchronously=false", "--config.eval_every_steps=1000",
            "--config.dataset.toy_eval_examples=10"]

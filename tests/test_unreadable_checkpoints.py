@@ -17,6 +17,7 @@ from conftest import truncate_array_files
 
 def toy_config(steps: int):
   config = toy.get_config()
+  config.model.num_layers = 1  # conftest.TOY_ONE_LAYER
   config.num_train_steps, config.checkpoint_every_steps = steps, 10
   config.eval_every_steps, config.log_every_steps = 0, 10
   config.dataset.toy_eval_examples = 10

@@ -1,4 +1,6 @@
 """Loss, schedule, and the training step."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,12 +111,15 @@ def test_accumulating_micro_batches_equals_one_step_on_their_concatenation():
   config, model, state, batches = _toy_state_and_batches()
   rng = train_step.dropout_key(0)
   whole = {k: np.concatenate([b[k] for b in batches]) for k in ("inputs", "targets")}
-  expected_grads, expected = train_step.loss_and_grads(state.params, whole, rng, model=model,
-                                                       label_smoothing=0.1)
+  # Compiled, as the trainer runs them: op by op (each op compiled alone) 18.6 s against 14.2.
+  loss_and_grads = jax.jit(functools.partial(train_step.loss_and_grads, model=model,
+                                             label_smoothing=0.1))
+  accumulate_step = jax.jit(functools.partial(train_step.accumulate_step, model=model,
+                                              label_smoothing=0.1))
+  expected_grads, expected = loss_and_grads(state.params, whole, rng)
   sums = None
   for i, batch in enumerate(batches):
-    sums = train_step.accumulate_step(sums, state.params, batch, rng, state.step, i, model=model,
-                                      label_smoothing=0.1)
+    sums = accumulate_step(sums, state.params, batch, rng, state.step, i)
   grads, metrics = sums
   assert float(metrics["tokens"]) == float(expected["tokens"]) == float((whole["targets"] > 0).sum())
   np.testing.assert_allclose(metrics["loss_sum"], expected["loss_sum"], rtol=1e-6)
@@ -129,7 +134,6 @@ def test_accumulating_micro_batches_equals_one_step_on_their_concatenation():
 
 @pytest.mark.parametrize("num_steps", [3, 2])
 def test_several_steps_in_one_call_equal_the_same_steps_one_by_one(num_steps):
-  import functools
   from aiayn_flax import train_step
   config, model, state, batches = _toy_state_and_batches(dropout_rate=0.1)  # one shape
   schedule = optimizer.learning_rate_schedule(config)

@@ -10,7 +10,8 @@ package's __init__ says which (its `May import:` line, which tests/test_architec
   3. the model layer, the modules directly in aiayn_flax/: model.py and attention.py, loss,
      optimizer, train_step, programs, translator, scoring, config_checks, run_dir (reading a
      saved run), attention_maps, plot; and sharding.py and devices.py, which place arrays for
-     the model, optimizer and translator (planning/ reads them too, from above)
+     the model, optimizer and translator and choose each platform's form of an operation
+     (planning/ reads them too, from above)
   4. parsing/    constituency parsing's own code (Table 4)
   5. tasks/      the tasks a config trains: translation, parsing, the toy task
   6. planning/   accelerator targets, FLOPs, the dry run, the compiled plan, the kernel census

@@ -35,6 +35,9 @@ f32 on V100 and P100.
 
 It lies in the model layer although planning/ is its main reader: train_step.py reads the
 compute dtype of a device's kind here, so in planning/ the two layers would import each other.
+
+It also says which platform's form of an operation a trace takes (platform_dependent): the
+model, loss and optimizer have GPU forms that a program built for CPU devices never traces.
 """
 import contextvars
 import dataclasses
@@ -187,4 +190,3 @@ def platform_dependent(*args, cpu, **forms):
   if _tracing_for.get() == "cpu":
     return cpu(*args)
   return jax.lax.platform_dependent(*args, cpu=cpu, **forms)
-

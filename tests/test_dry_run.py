@@ -20,6 +20,7 @@ from aiayn_flax.planning import accelerator_targets, compiled_plan, flops
 from aiayn_flax import devices, train_step
 from aiayn_flax.data import bucketing
 from configs import base, toy
+from conftest import TOY_ONE_LAYER
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,9 +135,10 @@ def test_accumulation_compiles_the_accumulate_and_apply_programs():
 
 @pytest.mark.slow  # compiles, or starts train.py
 def test_every_program_a_run_calls_is_compiled_with_its_shape():
-  # The toy run with 4 steps per call, beam search in evaluate.py, BLEU decoding in training.
+  # The toy run with 4 steps per call, beam search in evaluate.py, BLEU decoding in training;
+  # one layer a side (which programs, and their shapes, do not depend on depth).
   result = train_py("--config=configs/toy.py", "--dry_run", "--target=tpu-v5e-1",
-                    "--config.steps_per_call=4", "--config.beam_size=4",
+                    TOY_ONE_LAYER, "--config.steps_per_call=4", "--config.beam_size=4",
                     "--config.decode_batch_size=32")
   assert result.returncode == 0, result.stderr[-3000:]
   programs = program_lines(result.stdout)
@@ -196,6 +198,7 @@ def test_the_bucket_compiled_is_the_one_that_needs_the_most_memory(monkeypatch):
 @pytest.mark.parametrize("target,hosts,devices_", [("tpu-v4-32", 4, 16), ("tpu-v5e-32", 4, 32)])
 def test_multi_host_tpu_slices_compile(target, hosts, devices_):
   config = toy.get_config()
+  config.model.num_layers = 1  # TOY_ONE_LAYER: the collectives do not depend on depth
   config.tokens_per_batch = 2000  # enough rows for 32 data shards
   config.decode_batch_size = -(-200 // devices_)  # per device: 200 sources or a few more
   result = compiled_plan.compile_run(config, target)

@@ -107,6 +107,7 @@ def test_the_data_axis_spans_the_slices_and_the_model_axis_stays_in_one(two_v5e_
 @pytest.mark.slow  # compiles for 32 TPU chips
 def test_a_run_compiles_for_two_slices(two_v5e_16_slices):
   config = toy.get_config()
+  config.model.num_layers = 1  # conftest.TOY_ONE_LAYER: the collectives do not depend on depth
   config.tokens_per_batch, config.dcn_mesh = 2000, "data:2"  # rows for 32 data shards
   config.decode_batch_size = 7  # sources per chip: 224 on the 32
   result = compiled_plan.compile_run(config, "tpu-v5e-16x2", include=("train", "evaluate"),
@@ -135,6 +136,7 @@ def test_a_run_compiles_for_two_gpu_nodes():
   assert ([d.id for d in sharding.make_mesh("data:-1", devices).devices.flat]
           == [d.id for d in sharding.device_grid("data:-1", per_host_slices)[0]])
   config = toy.get_config()
+  config.model.num_layers = 1  # conftest.TOY_ONE_LAYER
   config.tokens_per_batch = 2000
   result = compiled_plan.compile_run(config, "gpu-h100x8x2", include=("train",), length=8)
   assert result["target_hosts"] == 2 and result["target_mesh"] == "data:16"

@@ -93,6 +93,7 @@ def _toy_state_and_batches(dropout_rate=0.0, dtype="float32"):
   from aiayn_flax import train_step
   from configs import toy
   config = toy.get_config()
+  config.model.num_layers = 1  # conftest.TOY_ONE_LAYER: the equalities do not depend on depth
   config.model.dropout_rate, config.model.dtype = dropout_rate, dtype
   config.label_smoothing = 0.1
   config.learning_rate_scale = 0.5  # high enough that a few steps visibly lower the loss

@@ -168,7 +168,9 @@ _tracing_for = contextvars.ContextVar("aiayn_flax_tracing_for", default=None)
 def traced_for(platform: str, function):
   """`function`, whose traces know that their program is for devices of `platform` ("cpu",
   "gpu", "tpu"): a program whose arguments are placed on a mesh's devices can be lowered for
-  nothing else (see platform_dependent). Keeps the function's name, which names the program."""
+  nothing else (see platform_dependent). Keeps the function's name, which names the program.
+  For a function built with its mesh (as training_programs builds them): jax reuses traces of
+  the same function, so one traced here must not also be lowered for another platform."""
   @functools.wraps(function)
   def traced(*args, **kwargs):
     token = _tracing_for.set(platform)

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from aiayn_flax.runtime import workdir_lease
-from conftest import REPO
+from conftest import REPO, TOY_ONE_LAYER
 
 
 @pytest.fixture(autouse=True)
@@ -101,7 +101,7 @@ def test_a_trainer_restarted_with_its_previous_pid_takes_its_lease_over(tmp_path
       from aiayn_flax.runtime import workdir_lease
       workdir_lease.take({str(workdir)!r})  # the killed incarnation's lease, left behind
       os.execv(sys.executable, [sys.executable, "train.py", "--workdir={workdir}",
-               "--config=configs/toy.py", "--config.model.num_layers=1",
+               "--config=configs/toy.py", "{TOY_ONE_LAYER}",
                "--config.num_train_steps=2",
                "--config.log_every_steps=1", "--config.eval_every_steps=0",
                "--config.checkpoint_every_steps=1000", "--config.dataset.toy_eval_examples=4"])

@@ -105,12 +105,16 @@ def test_a_sharded_state_keeps_adam_per_array():
   assert not optimizer.state_is_whole_on_each_device(config)
 
 
+def instructions(compiled) -> list[str]:
+  """A compiled program's instructions, without metadata or the numbers in their names."""
+  return [re.sub(r"\.\d+\b", "", line.split(", metadata=")[0])
+          for line in compiled.as_text().splitlines() if " = " in line]
+
+
 def test_the_cpu_step_is_the_cpu_forms(forms):
   """Nothing changed on the CPU: its compiled training step is the one with the forms forced
   to the CPU's (the loss by reductions, Adam per array), instruction for instruction (names'
   numbers aside)."""
-  import re
-
   from aiayn_flax import train_step
   config, state, _ = _state_and_gradients()
   model = train_step.make_model(config)
@@ -121,9 +125,7 @@ def test_the_cpu_step_is_the_cpu_forms(forms):
     step = jax.jit(functools.partial(train_step.train_step, model=model, label_smoothing=0.1,
                                      schedule=optimizer.learning_rate_schedule(config),
                                      one_vector=True))
-    text = step.lower(state, batch, train_step.dropout_key(0)).compile().as_text()
-    return [re.sub(r"\.\d+\b", "", line.split(", metadata=")[0]) for line in text.splitlines()
-            if " = " in line]
+    return instructions(step.lower(state, batch, train_step.dropout_key(0)).compile())
 
   chosen = optimized_program("auto", "auto")
   assert chosen == optimized_program("reductions", "per_array")
@@ -156,11 +158,8 @@ def test_programs_for_cpu_devices_trace_the_cpu_forms_alone_and_compile_the_same
   assert "platform_index" not in str(jax.make_jaxpr(on_the_mesh)(state, batch, key))
   assert "platform_index" in str(jax.make_jaxpr(every_form)(state, batch, key))
 
-  def instructions(step):
-    text = step.lower(state, batch, key).compile().as_text()
-    return [re.sub(r"\.\d+\b", "", line.split(", metadata=")[0]) for line in text.splitlines()
-            if " = " in line]
-  assert instructions(on_the_mesh) == instructions(every_form)
+  assert (instructions(on_the_mesh.lower(state, batch, key).compile())
+          == instructions(every_form.lower(state, batch, key).compile()))
 
 
 @pytest.mark.slow

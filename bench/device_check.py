@@ -34,6 +34,9 @@ from absl import app, flags  # noqa: E402
 flags.DEFINE_list("sizes", ["base", "quickstart"], "Configs to check: base, quickstart.")
 flags.DEFINE_integer("steps", 20, "Steps timed one by one per size (the first is reported "
                      "apart).")
+flags.DEFINE_integer("queued_steps", 20, "Steps then queued, as the trainer runs them, and timed "
+                     "with one wait at the end (the table's last column; a count other than "
+                     "20 is named in the cell).")
 flags.DEFINE_string("out", "", "Also write the table (markdown) to this file.")
 flags.DEFINE_string("trace_dir", "", "Also trace 3 steps per size with jax.profiler into "
                     "TRACE_DIR/SIZE (an .xplane.pb: bench/kernel_stats.py reads it).")
@@ -109,7 +112,7 @@ def peer_milliseconds(python: str, config, rows: int, length: int, steps: int,
 
 def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
           target_logit: str = "auto", forms: str = "auto",
-          attention: str = "auto", steps_per_call: int = 1) -> str:
+          attention: str = "auto", steps_per_call: int = 1, queued_steps: int = 20) -> str:
   """One table row for `size`, measured on the first local device."""
   import jax
   import numpy as np
@@ -159,10 +162,10 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
     seconds.append((time.perf_counter() - start) / steps_per_call)
   # As the trainer runs them, and as torch_peer.py times its steps: queued, one wait at the end.
   start = time.perf_counter()
-  for _ in range(20):
+  for _ in range(queued_steps):
     state, metrics = call(state)
   jax.block_until_ready((state, metrics))
-  queued = (time.perf_counter() - start) / 20 / steps_per_call
+  queued = (time.perf_counter() - start) / queued_steps / steps_per_call
   if trace_dir:
     with jax.profiler.trace(os.path.join(trace_dir, size)):
       for _ in range(3):
@@ -185,7 +188,8 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
           f"{label} | {rows} x {length}, {config.model.dtype} | {seconds[0] * 1e3:.1f} | "
           f"{steady * 1e3:.1f} | {planned} | {mfu} | {peak_bytes / 1e9:.2f} ({peak_kind}) / "
           f"{compiled_bytes / 1e9:.2f} |")
-  queued_cell = f" {queued * 1e3:.1f} |"
+  named = "" if queued_steps == 20 else f" ({queued_steps} queued)"  # the header says 20
+  queued_cell = f" {queued * 1e3:.1f}{named} |"
   if not peer_python:
     return ours + " - |" + queued_cell
   print(f"ours, before the peer: {ours}", flush=True)
@@ -222,7 +226,8 @@ def main(argv):
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} "
           f"({jax.default_backend()}), jax {jax.__version__}", flush=True)
     rows = [check(FLAGS.sizes[0], FLAGS.steps, FLAGS.trace_dir, FLAGS.peer_python,
-                  FLAGS.target_logit, FLAGS.forms, FLAGS.attention, FLAGS.steps_per_call)]
+                  FLAGS.target_logit, FLAGS.forms, FLAGS.attention, FLAGS.steps_per_call,
+                  FLAGS.queued_steps)]
   else:
     # A process per size, this one never starting jax: the runtime's peak memory counts from
     # the process's start, and a GPU's memory is held by the process that took it.
@@ -232,7 +237,8 @@ def main(argv):
                  f"--steps={FLAGS.steps}", f"--trace_dir={FLAGS.trace_dir}",
                  f"--peer_python={FLAGS.peer_python}", f"--target_logit={FLAGS.target_logit}",
                  f"--forms={FLAGS.forms}", f"--attention={FLAGS.attention}",
-                 f"--steps_per_call={FLAGS.steps_per_call}"]
+                 f"--steps_per_call={FLAGS.steps_per_call}",
+                 f"--queued_steps={FLAGS.queued_steps}"]
       process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
       found = []
       for line in process.stdout:  # passed on as it comes: a run cut short keeps its lines

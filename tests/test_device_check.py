@@ -16,10 +16,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_the_device_check_measures_the_quick_start_and_writes_its_row(tmp_path):
   out = tmp_path / "device_check.md"
-  # Two sizes run as a process each (here the same size twice, the cheapest).
+  # Two sizes run as a process each (here the same size twice, the cheapest); 2 steps queued
+  # rather than 20 (0.34 s each here).
   subprocess.run([sys.executable, "bench/device_check.py", "--sizes=quickstart,quickstart",
-                  "--steps=2", f"--out={out}"], cwd=REPO, check=True, capture_output=True,
-                 text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+                  "--steps=2", "--queued_steps=2", f"--out={out}"], cwd=REPO, check=True,
+                 capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                 timeout=300)
   header, rule, row, second = out.read_text().splitlines()
   assert second.split("|")[3] == row.split("|")[3]
   assert header.startswith("| date | device | size |") and rule.startswith("|---")
@@ -28,6 +30,8 @@ def test_the_device_check_measures_the_quick_start_and_writes_its_row(tmp_path):
   # The batch the dry run's plan counts FLOPs on: the bucket nearest 32 tokens, its rows.
   assert cells[3] == "85 x 32, float32"
   assert float(cells[4]) > 0 and float(cells[5]) > 0
+  queued, said = cells[10].split(" ", 1)
+  assert float(queued) > 0 and said == "(2 queued)"
   measured, compiled = cells[8].split(" / ")
   assert "process peak RSS" in measured and float(compiled) > 0.1
 

@@ -1,4 +1,5 @@
 """The model of section 3: masks, positions, cached decoding, parameter counts."""
+import functools
 import itertools
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,18 @@ def small_model(**overrides):
   return model_lib.Transformer(ml_collections.FrozenConfigDict(cfg))
 
 
+def init(model, key, *inputs):
+  """model.init as one compiled program: run op by op, its ~100 operations compile one by one
+  (1.5-3 s of a test here)."""
+  return jax.jit(model.init)(key, *inputs)
+
+
+def compiled_apply(model, **fixed):
+  """model.apply compiled (`fixed`: its keyword arguments that are not arrays), as the trainer
+  and the translator run it, rather than op by op."""
+  return jax.jit(functools.partial(model.apply, **fixed))
+
+
 def random_tokens(rng, batch, length, vocab=50):
   return jnp.asarray(rng.integers(4, vocab, (batch, length)), jnp.int32)
 
@@ -35,8 +48,9 @@ def test_padding_tokens_do_not_reach_real_positions(pre_layer_norm):
   targets = np.array(random_tokens(rng, 2, 6))
   inputs[:, 6:] = 0  # source padding
   targets[1, 4:] = 0  # right padding: the causal mask already hides it from real positions
-  params = nn.meta.unbox(model.init(jax.random.key(0), inputs, targets))
+  params = nn.meta.unbox(init(model, jax.random.key(0), inputs, targets))
   table = params["params"]["shared_embedding"]["embedding"]
+  apply = compiled_apply(model)
   new_row = jnp.asarray(rng.normal(0, 3, table.shape[1]), table.dtype)
 
   def with_row(token):  # the parameters with one embedding row replaced by new_row
@@ -44,13 +58,13 @@ def test_padding_tokens_do_not_reach_real_positions(pre_layer_norm):
         "embedding": table.at[token].set(new_row)}}}
 
   real = targets != 0
-  logits = np.asarray(model.apply(params, inputs, targets))[real]
-  changed = np.asarray(model.apply(with_row(0), inputs, targets))[real]
+  logits = np.asarray(apply(params, inputs, targets))[real]
+  changed = np.asarray(apply(with_row(0), inputs, targets))[real]
   np.testing.assert_array_equal(logits[:, 1:], changed[:, 1:])
   # The same change reaches the real positions when those tokens are real (a control).
   unpadded = np.where(inputs == 0, 5, inputs)
-  assert not np.array_equal(np.asarray(model.apply(params, unpadded, targets))[real][:, 1:],
-                            np.asarray(model.apply(with_row(5), unpadded, targets))[real][:, 1:])
+  assert not np.array_equal(np.asarray(apply(params, unpadded, targets))[real][:, 1:],
+                            np.asarray(apply(with_row(5), unpadded, targets))[real][:, 1:])
 
 
 def test_padded_positions_are_masked_exactly():
@@ -60,9 +74,9 @@ def test_padded_positions_are_masked_exactly():
   rng = np.random.default_rng(1)
   inputs = np.array(random_tokens(rng, 1, 5))
   targets = random_tokens(rng, 1, 4)
-  params = model.init(jax.random.key(0), inputs, targets)
-  short = model.apply(params, inputs, targets)
-  padded = model.apply(params, np.pad(inputs, ((0, 0), (0, 7))), targets)
+  params, apply = init(model, jax.random.key(0), inputs, targets), compiled_apply(model)
+  short = apply(params, inputs, targets)
+  padded = apply(params, np.pad(inputs, ((0, 0), (0, 7))), targets)
   np.testing.assert_allclose(short, padded, rtol=0, atol=1e-5)
 
 
@@ -71,13 +85,13 @@ def test_future_target_tokens_do_not_change_earlier_outputs():
   rng = np.random.default_rng(2)
   inputs = random_tokens(rng, 2, 7)
   targets = np.array(random_tokens(rng, 2, 8))
-  params = model.init(jax.random.key(0), inputs, targets)
-  logits = model.apply(params, inputs, targets)
+  params, apply = init(model, jax.random.key(0), inputs, targets), compiled_apply(model)
+  logits = apply(params, inputs, targets)
   for t in range(7):
     changed = targets.copy()
     changed[:, t + 1:] = rng.integers(4, 50, changed[:, t + 1:].shape)
     # decoder input at position p is target p-1: outputs 0..t+1 depend on targets 0..t only
-    np.testing.assert_array_equal(logits[:, :t + 2], model.apply(params, inputs, changed)[:, :t + 2])
+    np.testing.assert_array_equal(logits[:, :t + 2], apply(params, inputs, changed)[:, :t + 2])
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (123, 255)])
@@ -95,17 +109,17 @@ def test_cached_decoding_matches_full_forward(positions):
   inputs = np.array(random_tokens(rng, 3, 9))
   inputs[0, 5:] = 0
   targets = random_tokens(rng, 3, 7)
-  params = model.init(jax.random.key(0), inputs, targets)["params"]
-  full = model.apply({"params": params}, inputs, targets)
-  memory = model.apply({"params": params}, inputs, method=model_lib.Transformer.encode)
+  params = init(model, jax.random.key(0), inputs, targets)["params"]
+  full = compiled_apply(model)({"params": params}, inputs, targets)
+  memory = compiled_apply(model, method=model_lib.Transformer.encode)({"params": params}, inputs)
   decoder_inputs = model_lib.shift_right(targets)
-  _, cache = model.apply({"params": params}, memory, inputs, decoder_inputs[:, :1], decode=True,
-                         cache_length=7, method=model_lib.Transformer.decode, mutable=["cache"])
+  decode = compiled_apply(model, decode=True, cache_length=7,
+                          method=model_lib.Transformer.decode, mutable=["cache"])
+  _, cache = decode({"params": params}, memory, inputs, decoder_inputs[:, :1])
   cache = cache["cache"]
   for t in range(7):
-    logits, updated = model.apply({"params": params, "cache": cache}, None, inputs,
-                                  decoder_inputs[:, t:t + 1], decode=True, cache_length=7,
-                                  method=model_lib.Transformer.decode, mutable=["cache"])
+    logits, updated = decode({"params": params, "cache": cache}, None, inputs,
+                             decoder_inputs[:, t:t + 1])
     cache = updated["cache"]
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, rtol=0)
 
@@ -141,15 +155,15 @@ def test_translator_search_matches_the_plain_algorithm(seed, extra_length):
   inputs = np.array(random_tokens(rng, 3, 8))
   inputs[1, 5:] = 0
   inputs[2, 2:] = 0
-  params = model.init(jax.random.key(seed), inputs, random_tokens(rng, 3, 5))["params"]
+  params = init(model, jax.random.key(seed), inputs, random_tokens(rng, 3, 5))["params"]
   max_decode_len = inputs.shape[1] + extra_length
   max_lengths = jnp.sum(inputs != 0, axis=1) + extra_length
 
-  memory = model.apply({"params": params}, inputs, method=model_lib.Transformer.encode)
+  memory = compiled_apply(model, method=model_lib.Transformer.encode)({"params": params}, inputs)
   bos = jnp.full((3, 1), model_lib.BOS_ID, jnp.int32)
-  _, cache = model.apply({"params": params}, memory, inputs, bos, decode=True,
-                         cache_length=max_decode_len, method=model_lib.Transformer.decode,
-                         mutable=["cache"])
+  _, cache = compiled_apply(model, decode=True, cache_length=max_decode_len,
+                            method=model_lib.Transformer.decode, mutable=["cache"])(
+                                {"params": params}, memory, inputs, bos)
 
   def every_row_its_own_sentence(ids, cache):  # rows are hypotheses, one beam each
     logits, updated = model.apply(
@@ -191,7 +205,7 @@ def test_compacted_decoding_finds_what_the_whole_batch_finds(beams, devices):
   inputs = np.array(random_tokens(rng, 16, 8))
   for row, length in enumerate(lengths):
     inputs[row, length:] = 0
-  params = model.init(jax.random.key(3), inputs, random_tokens(rng, 16, 5))["params"]
+  params = init(model, jax.random.key(3), inputs, random_tokens(rng, 16, 5))["params"]
   assert translator.compacted_rows(16, devices) == 4
   whole = translator.make_decode_fn(model, beams, 0.6, 20, compact=False)(params, inputs)
   compacted_fn = translator.make_decode_fn(model, beams, 0.6, 20, devices=devices)
@@ -212,7 +226,8 @@ def test_the_decoding_cache_doubles_from_16_and_ends_at_the_buffer_length(max_de
 
 def test_embedding_is_shared_and_tied():
   model = small_model()
-  params = model.init(jax.random.key(0), jnp.ones((1, 3), jnp.int32), jnp.ones((1, 3), jnp.int32))
+  params = jax.eval_shape(model.init, jax.random.key(0), jnp.ones((1, 3), jnp.int32),
+                          jnp.ones((1, 3), jnp.int32))
   embeddings = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
                 if "embedding" in jax.tree_util.keystr(path)]
   assert len(embeddings) == 1  # one matrix: encoder input, decoder input, output projection
@@ -309,8 +324,9 @@ def test_the_encoder_reads_the_tokens_left_after_source_token_dropout():
   def logits(rate, source):
     cfg.source_token_dropout_rate = rate
     model = model_lib.Transformer(ml_collections.FrozenConfigDict(cfg))
-    params = model.init(jax.random.key(0), inputs, targets)
-    return model.apply(params, source, targets, train=True, rngs={"dropout": jax.random.key(1)})
+    params = init(model, jax.random.key(0), inputs, targets)
+    return compiled_apply(model, train=True)(params, source, targets,
+                                             rngs={"dropout": jax.random.key(1)})
 
   # (the largest rate below 1: a token is kept with probability 2^-32)
   np.testing.assert_array_equal(logits(1 - 2 ** -33, inputs), logits(0.0, unknown))

@@ -39,7 +39,8 @@ def make_model(config, device=None, device_count: int | None = None) -> model_li
 def boxed_params(model: model_lib.Transformer, seed: int):
   """Parameters still wrapped with their logical axis names (nn.LogicallyPartitioned)."""
   dummy = jnp.ones((1, 8), jnp.int32)
-  return model.init(jax.random.key(seed), dummy, dummy)["params"]
+  # One compiled program: called outside a jit, init's ~100 operations would compile one by one.
+  return jax.jit(model.init)(jax.random.key(seed), dummy, dummy)["params"]
 
 
 def init_params(model: model_lib.Transformer, seed: int):
@@ -52,8 +53,10 @@ def logical_param_specs(model: model_lib.Transformer):
 
 
 def create_train_state(config, model) -> train_state.TrainState:
-  return train_state.TrainState.create(apply_fn=model.apply, params=init_params(model, config.seed),
-                                       tx=optimizer.make_optimizer(config))
+  """The initial state, compiled as one program (as boxed_params)."""
+  return jax.jit(lambda: train_state.TrainState.create(
+      apply_fn=model.apply, params=init_params(model, config.seed),
+      tx=optimizer.make_optimizer(config)))()
 
 
 def dropout_key(seed: int) -> jax.Array:

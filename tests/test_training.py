@@ -128,8 +128,9 @@ def test_accumulating_micro_batches_equals_one_step_on_their_concatenation():
   # gradient per token is the concatenated batch's, though the micro-batches' counts differ.
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
     np.testing.assert_allclose(a / metrics["tokens"], b / expected["tokens"], atol=1e-6, rtol=0)
-  updated, _ = train_step.apply_gradient_sums(state, grads, metrics,
-                                              schedule=optimizer.learning_rate_schedule(config))
+  updated, _ = jax.jit(functools.partial(train_step.apply_gradient_sums,
+                                         schedule=optimizer.learning_rate_schedule(config)))(
+      state, grads, metrics)
   assert int(updated.step) == 1  # one optimizer update for the three micro-batches
 
 
@@ -183,7 +184,8 @@ def test_bfloat16_training_lowers_a_finite_loss_and_keeps_float32_parameters():
     losses.append(float(metrics["loss_sum"] / metrics["tokens"]))
   assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.5, losses
   assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
-  logits = model.apply({"params": state.params}, batches[0]["inputs"], batches[0]["targets"])
+  logits = jax.jit(model.apply)({"params": state.params}, batches[0]["inputs"],
+                                batches[0]["targets"])
   assert logits.dtype == jnp.float32  # softmax and loss in float32
 
 

@@ -114,13 +114,14 @@ def test_notebook_trains_translates_draws_and_scores(shared_data, tmp_path, monk
   notebook = nbformat.read(NOTEBOOK, as_version=4)
   workdir = tmp_path / "run"
   # Tiny: 30 steps of 1k-token batches, in one bucket shape of 48 (one compilation of each
-  # program), of a small model with a 1000-piece vocabulary (the quick start's takes a minute
-  # to train and compile).
+  # program), of a small model with a 1000-piece vocabulary learnt from 2,000 sentences (the
+  # quick start's takes a minute to train and compile).
   overrides = dict(NUM_STEPS=30, DATA_DIR=str(shared_data), WORKDIR=str(workdir), INSTALL=False,
                    EVAL_SENTENCES=16, BEAM_SIZE=1, CONFIG_OVERRIDES={
                        "tokens_per_batch": 1024, "dataset.max_length": 48,
                        "dataset.bucket_min_length": 48, "model.vocab_size": 1000,
-                       "model.d_model": 64, "model.d_ff": 256, "model.num_layers": 2})
+                       "model.d_model": 64, "model.d_ff": 256, "model.num_layers": 2,
+                       "dataset.vocab_sample_sentences": 2000})
   notebook.cells.insert(parameters_cell_index(notebook) + 1, nbformat.v4.new_code_cell(
       "\n".join(f"{name} = {value!r}" for name, value in overrides.items()),
       metadata={"tags": ["injected-parameters"]}))

@@ -84,21 +84,17 @@ quickstart: $(VENV)/installed-run-$(ACCELERATOR)
 # pytest-xdist, one test file per worker at a time (--dist loadfile): a file's module fixtures
 # are built once. `-n auto` starts one worker per core; TEST_WORKERS=2 (or any number) says
 # otherwise. TESTS narrows the run to some files (TESTS=tests/test_model.py).
-# The tests run on the CPU whatever the host has (conftest.py sets JAX_PLATFORMS=cpu too), with
-# the CPU's malloc setting (MALLOC_ENV_cpu, above), which every process they start inherits: a
-# training step whose temporaries are large no longer faults them in afresh at every call
-# (docs/lab_notes/TESTS.md).
+# The tests run on the CPU whatever the host has (conftest.py sets JAX_PLATFORMS=cpu too).
 TEST_WORKERS ?= auto
 TESTS ?= tests
-TEST_ENV := $(MALLOC_ENV_cpu) JAX_PLATFORMS=cpu
 
 test: $(VENV)/installed-test
-	$(TEST_ENV) $(PY) -m pytest $(TESTS) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
+	JAX_PLATFORMS=cpu $(PY) -m pytest $(TESTS) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 # The tests not marked slow (no training, no subprocess, no compiling for an accelerator):
 # a few minutes on 2 cores; `make test` runs them all (docs/TESTS.md).
 test-fast: $(VENV)/installed-test
-	$(TEST_ENV) $(PY) -m pytest $(TESTS) -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
+	JAX_PLATFORMS=cpu $(PY) -m pytest $(TESTS) -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
 
 clean:
 	rm -rf $(VENV)

@@ -34,9 +34,10 @@ from absl import app, flags  # noqa: E402
 flags.DEFINE_list("sizes", ["base", "quickstart"], "Configs to check: base, quickstart.")
 flags.DEFINE_integer("steps", 20, "Steps timed one by one per size (the first is reported "
                      "apart).")
-flags.DEFINE_integer("queued_steps", 20, "Steps then queued, as the trainer runs them, and timed "
-                     "with one wait at the end (the table's last column; a count other than "
-                     "20 is named in the cell).")
+QUEUED_STEPS = 20  # the table's last column, as its header says
+flags.DEFINE_integer("queued_steps", QUEUED_STEPS, "Steps then queued, as the trainer runs them, "
+                     "and timed with one wait at the end (the table's last column; another "
+                     "count is named in the cell).")
 flags.DEFINE_string("out", "", "Also write the table (markdown) to this file.")
 flags.DEFINE_string("trace_dir", "", "Also trace 3 steps per size with jax.profiler into "
                     "TRACE_DIR/SIZE (an .xplane.pb: bench/kernel_stats.py reads it).")
@@ -63,8 +64,9 @@ FLAGS = flags.FLAGS
 
 HEADER = ("| date | device | size | batch (rows x length), dtype | first step (ms) | ms per step "
           "(median after the first) | plan's ms per step (MFU) | measured MFU | peak memory / "
-          "compiled (GB) | torch eager / torch.compile ms per step | ms per step, 20 queued, "
-          "one wait |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "compiled (GB) | torch eager / torch.compile ms per step | "
+          f"ms per step, {QUEUED_STEPS} queued, one wait |\n"
+          "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer.py")
 SECTION = "## On an accelerator"
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
@@ -112,7 +114,8 @@ def peer_milliseconds(python: str, config, rows: int, length: int, steps: int,
 
 def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
           target_logit: str = "auto", forms: str = "auto",
-          attention: str = "auto", steps_per_call: int = 1, queued_steps: int = 20) -> str:
+          attention: str = "auto", steps_per_call: int = 1,
+          queued_steps: int = QUEUED_STEPS) -> str:
   """One table row for `size`, measured on the first local device."""
   import jax
   import numpy as np
@@ -188,7 +191,7 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
           f"{label} | {rows} x {length}, {config.model.dtype} | {seconds[0] * 1e3:.1f} | "
           f"{steady * 1e3:.1f} | {planned} | {mfu} | {peak_bytes / 1e9:.2f} ({peak_kind}) / "
           f"{compiled_bytes / 1e9:.2f} |")
-  named = "" if queued_steps == 20 else f" ({queued_steps} queued)"  # the header says 20
+  named = "" if queued_steps == QUEUED_STEPS else f" ({queued_steps} queued)"
   queued_cell = f" {queued * 1e3:.1f}{named} |"
   if not peer_python:
     return ours + " - |" + queued_cell

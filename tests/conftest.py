@@ -30,8 +30,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 # One layer a side for the toy runs whose behaviour does not depend on depth (resuming, storage,
 # the lease, several hosts, the fit, the programs a dry run compiles for a target): half the
-# arrays to trace, compile, sum across hosts and save. A warm 20-step toy train.py took 2.7 s of CPU with it against 3.6 s with the toy's two
-# (docs/lab_notes/TESTS.md). The toy run and the tests that must learn keep two.
+# arrays to trace, compile, sum across hosts and save. A warm 20-step toy train.py took 2.7 s
+# of CPU with it against 3.6 s with the toy's two (docs/lab_notes/TESTS.md). The toy run and
+# the tests that must learn keep two.
 TOY_ONE_LAYER = "--config.model.num_layers=1"
 # What the tests read from the shared data folder (shared/data/README.md).
 DATA_FOLDERS = ("multi30k", "wmt14")

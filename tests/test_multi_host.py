@@ -232,6 +232,31 @@ VERDICT_BY_BROADCAST = ["-c", JOIN[1] + "\n" + "\n".join([
     "except Exception as e: print('stopped:', type(e).__name__, e)"])]
 
 
+# Both processes gather an array whose length (argv[1]) no earlier program had, right after a
+# barrier: they reach its programs together, and none is in the compilation cache yet.
+FRESH_PROGRAMS = ["-c", JOIN[1] + "\n" + "\n".join([
+    "import sys, jax.numpy as jnp",
+    "from jax.experimental import multihost_utils",
+    "multihost_utils.sync_global_devices('start')",
+    "rows = multihost_utils.process_allgather(jnp.full(int(sys.argv[1]), jax.process_index()))",
+    "print('gathered', rows.sum(axis=1).tolist())"])]
+
+
+@pytest.mark.slow
+def test_the_other_processes_load_what_process_0_compiles_rather_than_compile_it_again():
+  """The test clusters' start-up (tests/cluster_site/sitecustomize.py): a program that spans
+  the processes is compiled by process 0 alone; process 1 waits and reads its cache entry."""
+  length = 1000 + int.from_bytes(os.urandom(2), "little")  # a program of this run alone
+  results = launch([*FRESH_PROGRAMS, str(length)], 2, 1,
+                   env={"JAX_DEBUG_LOG_MODULES": "jax._src.compiler"})
+  for result in results:
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"gathered [0, {length}]" in result.stdout
+  read = re.compile(r"(jit_\w+): read the entry process 0 compiled")
+  assert read.findall(results[0].stderr) == []
+  assert read.findall(results[1].stderr), results[1].stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_process_zeros_verdict_reaches_every_process_without_jaxs_private_client():
   results = launch(VERDICT_BY_BROADCAST, 2, 1)

@@ -1,17 +1,30 @@
 """Imported at start-up by every process of a test cluster (multi_host_launch.cluster_env puts
 this folder first on PYTHONPATH): the processes after process 0 load the programs that process
-0 stored in the shared compilation cache, as the hosts of a TPU or GPU cluster do.
+0 compiles, from the shared compilation cache, instead of compiling each again.
 
-JAX keys a cache entry with the topology's fingerprint, and only process 0 writes entries. On
-a TPU or GPU cluster every process computes the same fingerprint; on a CPU cluster each
-computes its own (XLA's CPU topology describes the calling process's devices), so the other
-processes never find an entry and compile every program again (8-13 s for the toy's train
-step here), while process 0 waits for them at the first collective. For CPU devices the key
-hashes each device's kind, id and process instead, which every process sees alike.
+1. The cache key. JAX keys a cache entry with the topology's fingerprint, and only process 0
+   writes entries. On a TPU or GPU cluster every process computes the same fingerprint; on a
+   CPU cluster each computes its own (XLA's CPU topology describes the calling process's
+   devices), so the other processes would never find an entry. For CPU devices the key hashes
+   each device's kind, id and process instead, which every process sees alike.
+2. Waiting for process 0. The processes reach each program together, so without more the others
+   miss the entry that process 0 is still compiling and compile the program themselves: on
+   this 2-core test machine, every cluster's compiling CPU doubled. Before it compiles a
+   program that spans the processes, process 0 says so in the coordinator's key-value store
+   and says again once the entry is written; another process that misses the cache looks for
+   the first word for up to START_WAIT_S, waits for the second, then reads the entry. Whenever
+   something differs (process 0 runs without this module, took another path, found the entry
+   already, could not write it, or stopped), the process compiles the program itself as
+   before, at most START_WAIT_S later: never a hang. (JAX's own jax_share_binary_between_hosts
+   waits for process 0 without such a bound: a cluster whose process 0 stopped early hung.)
 """
+import time
+
 from aiayn_flax.runtime import import_hooks  # imports nothing of JAX
 
-_MODULE = "jax._src.cache_key"
+START_WAIT_S = 3  # process 0 reaches the program later than this process, or never
+ANNOUNCED_WAIT_S = 1  # process 0 says it shares as soon as it has joined
+COMPILE_WAIT_S = 600
 
 
 def _same_on_every_process(cache_key) -> None:
@@ -30,6 +43,84 @@ def _same_on_every_process(cache_key) -> None:
   cache_key._hash_accelerator_config = hash_accelerator_config
 
 
-# Once the module is imported, whoever imports it: importing JAX here, before the command sets
-# its environment, could change how JAX starts.
-import_hooks.call_after_import(_MODULE, _same_on_every_process)
+def _say(client, key: str) -> None:
+  try:
+    client.key_value_set(key, "1", allow_overwrite=True)
+  except Exception:  # noqa: BLE001 - no coordinator: the others compile for themselves
+    pass
+
+
+def _said(client, key: str, seconds: float) -> bool:
+  """Whether `key` is in the coordinator's store within `seconds`: asked without blocking, so
+  that a coordinator that is shutting down cannot hold the question longer."""
+  deadline = time.monotonic() + seconds
+  while True:
+    try:
+      client.key_value_try_get(key)
+      return True
+    except Exception as e:  # noqa: BLE001 - JaxRuntimeError: not there yet, or no coordinator
+      if "NOT_FOUND" not in str(e) or time.monotonic() > deadline:
+        return False
+    time.sleep(0.02)
+
+
+_SHARES = "aiayn_test/process_zero_shares"
+_process_zero_answer = []
+
+
+def _process_zero_shares(client) -> bool:
+  """Whether process 0 runs this module too (a test may start it with another PYTHONPATH):
+  asked once."""
+  if not _process_zero_answer:
+    _process_zero_answer.append(_said(client, _SHARES, ANNOUNCED_WAIT_S))
+  return _process_zero_answer[0]
+
+
+def _announce(distributed) -> None:
+  initialize = distributed.State.initialize
+
+  def initialize_and_announce(self, *args, **kwargs):
+    initialize(self, *args, **kwargs)
+    if self.process_id == 0 and self.client is not None:
+      _say(self.client, _SHARES)
+  distributed.State.initialize = initialize_and_announce
+
+
+def _others_wait_for_process_zero(compiler) -> None:
+  compile_and_write = getattr(compiler, "_compile_and_write_cache", None)
+  read = getattr(compiler, "_cache_read", None)
+  distributed = getattr(compiler, "distributed", None)
+  if not (compile_and_write and read and distributed):
+    return  # another JAX: every process compiles, only slower
+
+  def compile_and_write_cache(backend, computation, executable_devices, compile_options,
+                              host_callbacks, module_name, cache_key):
+    state = distributed.global_state
+    if state.client is None or executable_devices.is_fully_addressable:
+      return compile_and_write(backend, computation, executable_devices, compile_options,
+                               host_callbacks, module_name, cache_key)
+    compiling, written = f"aiayn_test/compiling/{cache_key}", f"aiayn_test/written/{cache_key}"
+    if state.process_id == 0:
+      _say(state.client, compiling)
+      try:
+        return compile_and_write(backend, computation, executable_devices, compile_options,
+                                 host_callbacks, module_name, cache_key)
+      finally:
+        _say(state.client, written)  # written, or not: the others read the cache either way
+    if (_process_zero_shares(state.client) and _said(state.client, compiling, START_WAIT_S)
+        and _said(state.client, written, COMPILE_WAIT_S)):
+      executable, _ = read(module_name, cache_key, compile_options, backend, executable_devices)
+      if executable is not None:
+        compiler.logger.debug("%s: read the entry process 0 compiled", module_name)
+        return executable
+    return compile_and_write(backend, computation, executable_devices, compile_options,
+                             host_callbacks, module_name, cache_key)
+
+  compiler._compile_and_write_cache = compile_and_write_cache
+
+
+# Once the modules are imported, whoever imports them: importing JAX here, before the command
+# sets its environment, could change how JAX starts.
+import_hooks.call_after_import("jax._src.cache_key", _same_on_every_process)
+import_hooks.call_after_import("jax._src.compiler", _others_wait_for_process_zero)
+import_hooks.call_after_import("jax._src.distributed", _announce)

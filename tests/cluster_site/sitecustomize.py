@@ -18,6 +18,7 @@ this folder first on PYTHONPATH): the processes after process 0 load the program
    before, at most START_WAIT_S later: never a hang. (JAX's own jax_share_binary_between_hosts
    waits for process 0 without such a bound: a cluster whose process 0 stopped early hung.)
 """
+import functools
 import time
 
 from aiayn_flax.runtime import import_hooks  # imports nothing of JAX
@@ -51,8 +52,8 @@ def _say(client, key: str) -> None:
 
 
 def _said(client, key: str, seconds: float) -> bool:
-  """Whether `key` is in the coordinator's store within `seconds`: asked without blocking, so
-  that a coordinator that is shutting down cannot hold the question longer."""
+  """Whether `key` is in the coordinator's store within `seconds`, asked every 20 ms; any
+  answer but "not there yet" (no coordinator any more) is a no."""
   deadline = time.monotonic() + seconds
   while True:
     try:
@@ -65,15 +66,13 @@ def _said(client, key: str, seconds: float) -> bool:
 
 
 _SHARES = "aiayn_test/process_zero_shares"
-_process_zero_answer = []
 
 
+@functools.cache
 def _process_zero_shares(client) -> bool:
   """Whether process 0 runs this module too (a test may start it with another PYTHONPATH):
   asked once."""
-  if not _process_zero_answer:
-    _process_zero_answer.append(_said(client, _SHARES, ANNOUNCED_WAIT_S))
-  return _process_zero_answer[0]
+  return _said(client, _SHARES, ANNOUNCED_WAIT_S)
 
 
 def _announce(distributed) -> None:

@@ -58,7 +58,7 @@ def multi30k_row(seed: int) -> str:
 def parsing_row(seed: int) -> str:
   with tempfile.TemporaryDirectory() as workdir:
     f1, right_f1 = test_parsing_training.parsing_learning_measures(
-        test_parsing_training.parsing_learning_config(seed), workdir)
+        test_parsing_training.parsing_learning_overrides(seed), workdir)
   gain, bound = f1 - right_f1, test_parsing_training.PARSING_MIN_F1_GAIN
   return (f"parsing seed {seed}: F1 {f1:.2f}, right-branching {right_f1:.2f}, gain {gain:.2f} "
           f"(test: > {bound}, margin {gain - bound:+.2f})")

@@ -9,32 +9,21 @@ import pytest
 
 from aiayn_flax.parsing import baselines, evalb, sentences
 from aiayn_flax.runtime import huge_pages
-from configs import parsing_sample
 from conftest import REPO, run_script
 
 SAMPLE = ml_collections.ConfigDict(dict(treebank_dir="", train_split="train"))
 
-
-# configs/parsing_sample.py at a size that trains in minutes: 2+2 layers, d_model 64. Vinyals et
-# al.'s XX leaves, one step per call: the setting whose margin was measured (the words the
-# sample config writes need more steps before the copy is learnt).
+SHORT = 40  # pieces: training pairs longer than this on either side are skipped
+# configs/parsing_sample.py at a size that trains in minutes: 2+2 layers, d_model 64, on the
+# short pairs. Vinyals et al.'s XX leaves, one step per call: the setting whose margin was
+# measured (the words the sample config writes need more steps before the copy is learnt).
 TINY = {"model.vocab_size": 1000, "model.d_model": 64, "model.d_ff": 256, "model.num_heads": 4,
-        "model.num_layers": 2, "model.dropout_rate": 0.0, "dataset.max_length": 96,
-        "dataset.bucket_min_length": 32, "dataset.bucket_growth": 1.5,
+        "model.num_layers": 2, "model.dropout_rate": 0.0, "dataset.max_length": SHORT,
+        "dataset.bucket_min_length": 16, "dataset.bucket_growth": 1.6,
         "dataset.tree_leaves": "XX", "steps_per_call": 1, "warmup_steps": 200,
         "learning_rate_scale": 0.25, "tokens_per_batch": 1500, "log_every_steps": 50,
         "checkpoint_every_steps": 1000, "keep_checkpoints": 1, "average_last_checkpoints": 1,
         "decode_batch_size": 100, "beam_size": 1, "decode_extra_length": 60}
-
-
-def tiny_config(**overrides):
-  """configs/parsing_sample.py with TINY, then `overrides` (dotted keys as in TINY)."""
-  config = parsing_sample.get_config()
-  config.update_from_flattened_dict({**TINY, **overrides})
-  return config
-
-
-SHORT = 40  # pieces: training pairs longer than this on either side are skipped
 # F1 above right-branching's (29.02) on the same sentences. Over seeds 0, 1, 2 the gain was
 # 12.61, 11.39, 20.19 (`python bench/learning_margin.py --tasks=parsing --seeds=0,1,2`; the
 # same on an Intel Xeon and an AMD EPYC).
@@ -42,14 +31,11 @@ PARSING_MIN_F1_GAIN = 6
 
 
 def parsing_learning_measures(overrides: dict, workdir: str) -> tuple[float, float]:
-  """Trains tiny_config(**overrides) with train.py on the sample's short training pairs and
-  returns (greedy F1, the right-branching tree's F1) on the first 200 of those sentences.
+  """Trains configs/parsing_sample.py with TINY, then `overrides`, with train.py, and returns
+  (greedy F1, the right-branching tree's F1) on the first 200 short training sentences.
   train.py runs with the CPU's malloc setting, as `make quickstart` starts it there: each
   step's temporary block (over glibc's 32 MB mmap limit) is then faulted in 2 MiB at a time,
   not 4 KiB (12.3 million faults in 600 steps -> 0.46 million; docs/lab_notes/TESTS.md)."""
-  overrides = {**overrides, "dataset.max_length": SHORT,
-               "dataset.bucket_min_length": 16, "dataset.bucket_growth": 1.6}
-  config = tiny_config(**overrides)
   flags = [f"--config.{key}={value}" for key, value in {**TINY, **overrides}.items()]
   result = run_script("train.py", "--config=configs/parsing_sample.py", f"--workdir={workdir}",
                       *flags, env={"GLIBC_TUNABLES": huge_pages.tunables_with_hugetlb(
@@ -58,6 +44,7 @@ def parsing_learning_measures(overrides: dict, workdir: str) -> tuple[float, flo
 
   from aiayn_flax import run_dir, tasks
   from aiayn_flax.translator import Translator
+  config = run_dir.load_config(workdir)  # what train.py trained
   task = tasks.for_config(config)
   model, params, _ = run_dir.load_model_and_params(workdir, config)
   vocab = run_dir.load_vocabulary(workdir, config)

@@ -232,9 +232,8 @@ VERDICT_BY_BROADCAST = ["-c", JOIN[1] + "\n" + "\n".join([
     "except Exception as e: print('stopped:', type(e).__name__, e)"])]
 
 
-# Both processes gather an array whose length (argv[1]) no earlier program had, process 0 a
-# second after process 1: process 1 reaches the gather's programs first, and none is in the
-# compilation cache yet.
+# Both processes gather an array of length argv[1], process 0 a second after process 1: process
+# 1 reaches the gather's programs first.
 FRESH_PROGRAMS = ["-c", JOIN[1] + "\n" + "\n".join([
     "import sys, time, jax.numpy as jnp",
     "from jax.experimental import multihost_utils",
@@ -245,20 +244,30 @@ FRESH_PROGRAMS = ["-c", JOIN[1] + "\n" + "\n".join([
 
 
 @pytest.mark.slow
-def test_the_other_processes_load_what_process_0_compiles_rather_than_compile_it_again():
+@pytest.mark.parametrize("own_cache", [False, True])
+def test_the_other_processes_load_what_process_0_compiles_rather_than_compile_it_again(
+    own_cache, tmp_path):
   """The test clusters' start-up (tests/cluster_site/sitecustomize.py): the gather's program,
   which spans the processes, is compiled by process 0 alone; process 1, there first, waits and
-  reads its cache entry (or, were it the later one after all, finds the entry)."""
-  length = 1000 + int.from_bytes(os.urandom(2), "little")  # a program of this run alone
+  reads its cache entry (or, were it the later one after all, finds the entry). A process 1
+  with a cache folder of its own compiles the program itself, without waiting for process 0's
+  compile."""
+  length = 1237
+  # A cache folder of the test's own, empty: none of the programs is there yet.
   results = launch([*FRESH_PROGRAMS, str(length)], 2, 1,
-                   env={"JAX_DEBUG_LOG_MODULES": "jax._src.compiler"})
+                   env={"JAX_DEBUG_LOG_MODULES": "jax._src.compiler",
+                        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "shared")},
+                   process_env={1: {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "own")}}
+                   if own_cache else None)
   for result in results:
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"gathered [0, {length}]" in result.stdout
   loaded = re.compile(r"jit__identity_fn: read the entry process 0 compiled|"
                       r"Persistent compilation cache hit for 'jit__identity_fn'")
+  elsewhere = "jit__identity_fn: process 0 writes to another cache folder"
   assert not loaded.search(results[0].stderr), results[0].stderr[-3000:]
-  assert loaded.search(results[1].stderr), results[1].stderr[-3000:]
+  assert bool(loaded.search(results[1].stderr)) != own_cache, results[1].stderr[-3000:]
+  assert (elsewhere in results[1].stderr) == own_cache, results[1].stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -10,13 +10,16 @@ this folder first on PYTHONPATH): the processes after process 0 load the program
 2. Waiting for process 0. The processes reach each program together, so without more the others
    miss the entry that process 0 is still compiling and compile the program themselves: on
    this 2-core test machine, every cluster's compiling CPU doubled. Before it compiles a
-   program that spans the processes, process 0 says so in the coordinator's key-value store
+   program that spans the processes, process 0 says so in the coordinator's key-value store,
    and says again once the entry is written; another process that misses the cache looks for
-   the first word for up to START_WAIT_S, waits for the second, then reads the entry. Whenever
-   something differs (process 0 runs without this module, took another path, found the entry
+   the first word for up to START_WAIT_S, waits for the second, then reads the entry. Process 0
+   names its cache folder when it joins: a process whose folder is another (its keys differ
+   too: the compile options name the folder) compiles for itself at once. Whenever something
+   else differs (process 0 runs without this module, took another path, found the entry
    already, could not write it, or stopped), the process compiles the program itself as
-   before, at most START_WAIT_S later: never a hang. (JAX's own jax_share_binary_between_hosts
-   waits for process 0 without such a bound: a cluster whose process 0 stopped early hung.)
+   before, at most START_WAIT_S later: never a hang.
+   (JAX's own jax_share_binary_between_hosts waits for process 0 without such a bound: a
+   cluster whose process 0 stopped early hung.)
 """
 import functools
 import time
@@ -44,35 +47,39 @@ def _same_on_every_process(cache_key) -> None:
   cache_key._hash_accelerator_config = hash_accelerator_config
 
 
-def _say(client, key: str) -> None:
+def _say(client, key: str, value: str = "1") -> None:
   try:
-    client.key_value_set(key, "1", allow_overwrite=True)
+    client.key_value_set(key, value, allow_overwrite=True)
   except Exception:  # noqa: BLE001 - no coordinator: the others compile for themselves
     pass
 
 
-def _said(client, key: str, seconds: float) -> bool:
-  """Whether `key` is in the coordinator's store within `seconds`, asked every 20 ms; any
-  answer but "not there yet" (no coordinator any more) is a no."""
+def _heard(client, key: str, seconds: float) -> str | None:
+  """The value of `key` in the coordinator's store once it is there, asked every 20 ms; None
+  after `seconds`, or at any answer but "not there yet" (no coordinator any more)."""
   deadline = time.monotonic() + seconds
   while True:
     try:
-      client.key_value_try_get(key)
-      return True
+      return client.key_value_try_get(key)
     except Exception as e:  # noqa: BLE001 - JaxRuntimeError: not there yet, or no coordinator
       if "NOT_FOUND" not in str(e) or time.monotonic() > deadline:
-        return False
+        return None
     time.sleep(0.02)
 
 
 _SHARES = "aiayn_test/process_zero_shares"
 
 
+def _cache_folder() -> str:
+  from jax._src import config  # imported by then: JAX is running
+  return f"cache folder: {config.compilation_cache_dir.value}"
+
+
 @functools.cache
-def _process_zero_shares(client) -> bool:
-  """Whether process 0 runs this module too (a test may start it with another PYTHONPATH):
-  asked once."""
-  return _said(client, _SHARES, ANNOUNCED_WAIT_S)
+def _process_zero_folder(client) -> str | None:
+  """Process 0's cache folder, as it said when it joined; None when it runs without this
+  module (a test may start it with another PYTHONPATH): asked once."""
+  return _heard(client, _SHARES, ANNOUNCED_WAIT_S)
 
 
 def _announce(distributed) -> None:
@@ -81,7 +88,7 @@ def _announce(distributed) -> None:
   def initialize_and_announce(self, *args, **kwargs):
     initialize(self, *args, **kwargs)
     if self.process_id == 0 and self.client is not None:
-      _say(self.client, _SHARES)
+      _say(self.client, _SHARES, _cache_folder())
   distributed.State.initialize = initialize_and_announce
 
 
@@ -106,8 +113,12 @@ def _others_wait_for_process_zero(compiler) -> None:
                                  host_callbacks, module_name, cache_key)
       finally:
         _say(state.client, written)  # written, or not: the others read the cache either way
-    if (_process_zero_shares(state.client) and _said(state.client, compiling, START_WAIT_S)
-        and _said(state.client, written, COMPILE_WAIT_S)):
+    theirs = _process_zero_folder(state.client)
+    if theirs is not None and theirs != _cache_folder():
+      compiler.logger.debug("%s: process 0 writes to another %s; compiling it here",
+                            module_name, theirs)
+    elif (theirs is not None and _heard(state.client, compiling, START_WAIT_S) is not None
+          and _heard(state.client, written, COMPILE_WAIT_S) is not None):
       executable, _ = read(module_name, cache_key, compile_options, backend, executable_devices)
       if executable is not None:
         compiler.logger.debug("%s: read the entry process 0 compiled", module_name)

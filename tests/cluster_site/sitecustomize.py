@@ -71,8 +71,8 @@ _SHARES = "aiayn_test/process_zero_shares"
 
 
 def _cache_folder() -> str:
-  from jax._src import config  # imported by then: JAX is running
-  return f"cache folder: {config.compilation_cache_dir.value}"
+  import jax  # imported by then: JAX is running
+  return f"cache folder: {jax.config.jax_compilation_cache_dir}"
 
 
 @functools.cache

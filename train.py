@@ -225,6 +225,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-  from aiayn_flax.runtime import huge_pages
+  from aiayn_flax.runtime import garbage_collection, huge_pages
+  garbage_collection.collect_less_often()  # before JAX's imports (fewer collections)
   huge_pages.log_once_flags_are_parsed()  # malloc on huge pages? (set from outside: no restart)
   app.run(main, flags_parser=parse_flags)

@@ -61,4 +61,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from aiayn_flax.runtime import garbage_collection
+  garbage_collection.collect_less_often()  # before JAX's imports (fewer collections)
   app.run(main)

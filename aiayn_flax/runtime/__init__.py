@@ -11,6 +11,7 @@
   storage_errors.py     a failed write (full disk, read-only, refused) in one line
   compilation_cache.py  JAX's persistent compilation cache
   huge_pages.py         the one log line on host malloc's huge pages
+  garbage_collection.py Python's garbage collector, run less often by the entry points
   provenance.py         the software versions a run records
   tensorflow_setup.py   TensorFlow (tfds' input pipeline) kept off the accelerators
   import_hooks.py       code run right after a module is imported, whoever imports it

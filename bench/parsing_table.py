@@ -389,4 +389,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from aiayn_flax.runtime import garbage_collection
+  garbage_collection.collect_less_often()  # as train.py (it decodes and parses in-process)
   app.run(main)

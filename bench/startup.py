@@ -28,6 +28,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from aiayn_flax.runtime import garbage_collection  # noqa: E402
+garbage_collection.collect_less_often()  # as train.py, before JAX's imports
+
 import numpy as np  # noqa: E402
 
 from aiayn_flax import run_dir, tasks  # noqa: E402

@@ -45,9 +45,9 @@ DATA_FOLDERS = ("multi30k", "wmt14")
 # before it asks for a GPU topology. Subprocesses inherit it.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# As the entry points do, before the tests import JAX: the tests that run in pytest's own
-# processes collected garbage for 12.4 s of 328 s (test_model, test_gpu_step, test_training) at
-# CPython's threshold, 3.9 s at this one.
+# As the entry points do, before the tests import JAX: the two pytest workers of a whole run
+# collected garbage for 54.6 s of CPU at CPython's threshold, 28.5 s at this one
+# (docs/lab_notes/TESTS.md, "2026-11-30, late night").
 garbage_collection.collect_less_often()
 
 

@@ -1,6 +1,7 @@
 """The entry points collect garbage less often (aiayn_flax/runtime/garbage_collection.py): they
-raise CPython's first threshold before importing JAX, however they are started, and leave a
-threshold the user set alone."""
+raise CPython's first threshold in their `__main__` block, which `python SCRIPT`, IPython's
+`%run` and `python -m pdb` all run, before importing JAX, and leave a threshold the user set
+alone."""
 import gc
 import os
 import subprocess

@@ -21,7 +21,7 @@ from absl import logging
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
-from aiayn_flax import decoding, model as model_lib, sharding
+from aiayn_flax import decoding, devices as devices_lib, model as model_lib, sharding
 from aiayn_flax.data import vocabulary
 
 LENGTH_QUANTUM = 16
@@ -30,16 +30,19 @@ LENGTH_QUANTUM = 16
 def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
                    extra_length: int, num_results: int | None = None,
                    constraint_for: Callable[[jax.Array, jax.Array], decoding.ConstrainLogProbs]
-                   | None = None, devices: int = 1, compact: bool = True):
+                   | None = None, devices: int = 1, compact: bool = True,
+                   platform: str | None = None):
   """jit-compiled (params, inputs [B, S]) -> tokens [B, S + extra_length], best hypothesis;
   with `num_results` = n: (tokens [B, n, S + extra_length], scores [B, n]), the n best of a
   beam search (of width beam_size; width 1 is greedy search, and scores it).
   `constraint_for(inputs, max_lengths)` rewrites the log-probs the search reads (a parser's
   trees over the input's words, parsing/constrained.py); None: the model's. `compact`: once a
   quarter of the batch is left (`compacted_rows`, a multiple of the `devices` that split the
-  rows), those sentences go on alone (decoding.Compaction): the same outputs, fewer rows."""
+  rows), those sentences go on alone (decoding.Compaction): the same outputs, fewer rows.
+  `platform`: that of the devices it will run on, where the caller knows them (the Translator:
+  its mesh's); on "cpu" the trace takes the CPU's forms alone (devices_lib.traced_for). None:
+  every platform's form is traced, as a deviceless compile for a TPU or GPU needs."""
 
-  @jax.jit
   def decode(params, inputs):
     # inputs: [B, S] source ids ending in EOS, PAD after; B may include all-PAD rows.
     max_decode_len = inputs.shape[1] + extra_length
@@ -74,7 +77,7 @@ def make_decode_fn(model: model_lib.Transformer, beam_size: int, alpha: float,
         constrain_log_probs=constrain_log_probs, compaction=compaction)
     return sequences[:, 0] if num_results is None else (sequences, scores)
 
-  return decode
+  return jax.jit(decode if platform is None else devices_lib.traced_for(platform, decode))
 
 
 def start_decoding(model, params, inputs, beam_size: int, cache_length: int):
@@ -161,7 +164,8 @@ class Translator:
     self.max_positions = max_positions
     self.num_results = num_results
     self._decode = make_decode_fn(model, beam_size, alpha, extra_length, num_results,
-                                  constraint_for, sharding.data_parallel_size(self.mesh), compact)
+                                  constraint_for, sharding.data_parallel_size(self.mesh), compact,
+                                  platform=self.mesh.devices.flat[0].platform)
     self.extra_length = extra_length
 
   @property

@@ -162,6 +162,26 @@ def test_programs_for_cpu_devices_trace_the_cpu_forms_alone_and_compile_the_same
           == instructions(every_form.lower(state, batch, key).compile()))
 
 
+def test_the_translators_decoding_on_cpu_devices_traces_the_cpu_forms_alone_and_compiles_the_same():
+  """As training's programs: the Translator's decoding, on its mesh of CPU devices, calls the
+  layer norm's CPU form directly; decoding built without a platform (as the compiled plan
+  builds it for a TPU or GPU) traces every form. Compiled for the CPU, the two are the same
+  program, instruction for instruction."""
+  import ml_collections
+  from aiayn_flax import model as model_lib, translator
+  from configs import multi30k
+  config = multi30k.get_config().model
+  config.update(vocab_size=50, d_model=32, d_ff=64, num_heads=4, num_layers=1, dtype="float32")
+  model = model_lib.Transformer(ml_collections.FrozenConfigDict(config))
+  inputs = jnp.asarray(np.random.default_rng(0).integers(4, 50, (4, 16)), jnp.int32)
+  params = jax.jit(model.init)(jax.random.key(0), inputs, inputs[:, :5])["params"]
+  on_cpu = translator.Translator(model, params, None, extra_length=8)._decode.trace(params, inputs)
+  every_form = translator.make_decode_fn(model, 1, 0.6, 8).trace(params, inputs)
+  assert "platform_index" not in str(on_cpu.jaxpr)
+  assert "platform_index" in str(every_form.jaxpr)
+  assert instructions(on_cpu.lower().compile()) == instructions(every_form.lower().compile())
+
+
 @pytest.mark.slow
 def test_the_loss_is_compiled_in_one_pass_for_a_gpu_alone(forms):
   """platform_dependent picks the loss's form where it is compiled (deviceless, the `aot`

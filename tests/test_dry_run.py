@@ -9,6 +9,7 @@ JAX_PLATFORMS=cpu before any test imports jax.
 
 Paper-size compiles take minutes on 2 cores: these tests compile small configs (the rules
 they check do not depend on depth or width); the full ones are in docs/SCALE.md."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -25,12 +26,13 @@ from conftest import TOY_ONE_LAYER
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def train_py(*args, prelude: str = "pass"):
-  """train.py's output; `prelude` runs first in the same interpreter (to hide a module)."""
+def train_py(*args, prelude: str = "pass", env: dict | None = None):
+  """train.py's output; `prelude` runs first in the same interpreter (to hide a module);
+  `env` adds to this process's environment."""
   code = f"{prelude}; import runpy, sys; sys.argv = ['train.py', *sys.argv[1:]]; " \
          "runpy.run_path('train.py', run_name='__main__')"
   return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True,
-                        text=True, timeout=600)
+                        text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
 def program_lines(stdout: str) -> dict[str, str]:
@@ -115,6 +117,32 @@ def test_train_step_compiles_for_the_target_with_its_collectives(target, mesh, e
   rows, length = map(int, train.shape.split("x"))
   hand = hand_counted_train_flops(config, rows, length)
   assert hand < result["compiled_flops_per_optimizer_step"] < 1.06 * hand
+
+
+@pytest.mark.slow  # compiles
+def test_the_tests_least_compiler_effort_changes_nothing_they_read_but_the_temporaries():
+  """conftest.py has libtpu compile with its least effort on run time (about a third of the
+  compiler's CPU). The toy's step and evaluation's decoding for a v5e-8, at that effort and at
+  the default a user's dry run compiles with: the same programs, shapes, arguments, outputs,
+  aliases, FLOPs and collectives; only the temporaries differ (twice as large here)."""
+  config = toy.get_config()
+  config.model.num_layers, config.mesh, config.tokens_per_batch = 1, "data:8", 2000
+  config.decode_batch_size = 4
+  plans = {}
+  for effort in (0.0, -1.0):
+    jax.config.update("jax_exec_time_optimization_effort", effort)
+    try:
+      plans[effort] = compiled_plan.compile_run(config, "tpu-v5e-8",
+                                                include=("train", "evaluate"))["programs"]
+    finally:
+      jax.config.update("jax_exec_time_optimization_effort",
+                        float(os.environ.get("JAX_EXEC_TIME_OPTIMIZATION_EFFORT", 0)))
+  read = lambda p: dataclasses.replace(p, temporary_bytes=0)  # noqa: E731
+  assert [read(p) for p in plans[-1.0]] == [read(p) for p in plans[0.0]]
+  assert [p.name for p in plans[0.0]] == ["train_step", "evaluate_greedy_decode"]
+  assert ("all-reduce", 8) in plans[0.0][0].collectives
+  assert all(low.temporary_bytes > default.temporary_bytes  # the setting took effect
+             for low, default in zip(plans[-1.0], plans[0.0]))
 
 
 @pytest.mark.slow  # compiles, or starts train.py
@@ -224,12 +252,14 @@ def test_multi_host_tpu_slices_compile(target, hosts, devices_):
 def test_a_run_that_cannot_fit_fails_with_one_line(target):
   # A 4M-token vocabulary: 2 GB of f32 embedding, 8 GB with Adam and gradients... on one layer
   # it compiles fast. On the T4 XLA compiles it and our check refuses; on the TPU the compiler
-  # itself reports RESOURCE_EXHAUSTED.
+  # itself reports RESOURCE_EXHAUSTED, at the effort a user's dry run compiles with (the
+  # conftest lowers it for the other tests).
   result = train_py("--config=configs/base.py", "--dry_run", f"--target={target}",
                     "--config.model.num_layers=1", "--config.model.vocab_size=4000000",
                     "--config.tokens_per_batch=512", "--config.dataset.max_length=16",
                     "--config.dataset.bucket_min_length=16",  # one bucket: one train compile
-                    "--config.decode_batch_size=1")
+                    "--config.decode_batch_size=1",
+                    env={"JAX_EXEC_TIME_OPTIMIZATION_EFFORT": "0"})
   assert result.returncode != 0
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("train.py: error: does not fit: ")

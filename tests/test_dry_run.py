@@ -124,7 +124,7 @@ def test_the_tests_least_compiler_effort_changes_nothing_they_read_but_the_tempo
   """conftest.py has libtpu compile with its least effort on run time (about a third of the
   compiler's CPU). The toy's step and evaluation's decoding for a v5e-8, at that effort and at
   the default a user's dry run compiles with: the same programs, shapes, arguments, outputs,
-  aliases, FLOPs and collectives; only the temporaries differ (twice as large here)."""
+  aliases, FLOPs and collectives; only the temporaries differ, larger at the least effort."""
   config = toy.get_config()
   config.model.num_layers, config.mesh, config.tokens_per_batch = 1, "data:8", 2000
   config.decode_batch_size = 4

@@ -121,22 +121,21 @@ def test_train_step_compiles_for_the_target_with_its_collectives(target, mesh, e
 
 @pytest.mark.slow  # compiles
 def test_the_tests_least_compiler_effort_changes_nothing_they_read_but_the_temporaries():
-  """conftest.py has libtpu compile with its least effort on run time (about a third of the
-  compiler's CPU). The toy's step and evaluation's decoding for a v5e-8, at that effort and at
-  the default a user's dry run compiles with: the same programs, shapes, arguments, outputs,
-  aliases, FLOPs and collectives; only the temporaries differ, larger at the least effort."""
+  """conftest.py has libtpu compile with its least effort on run time (half a dry run's CPU).
+  The toy's step and evaluation's decoding for a v5e-8, at that effort and at the default a
+  user's dry run compiles with: the same programs, shapes, arguments, outputs, aliases, FLOPs
+  and collectives; only the temporaries differ, larger at the least effort."""
   config = toy.get_config()
   config.model.num_layers, config.mesh, config.tokens_per_batch = 1, "data:8", 2000
   config.decode_batch_size = 4
-  plans = {}
+  plans, saved = {}, jax.config.jax_exec_time_optimization_effort
   for effort in (0.0, -1.0):
     jax.config.update("jax_exec_time_optimization_effort", effort)
     try:
       plans[effort] = compiled_plan.compile_run(config, "tpu-v5e-8",
                                                 include=("train", "evaluate"))["programs"]
     finally:
-      jax.config.update("jax_exec_time_optimization_effort",
-                        float(os.environ.get("JAX_EXEC_TIME_OPTIMIZATION_EFFORT", 0)))
+      jax.config.update("jax_exec_time_optimization_effort", saved)
   read = lambda p: dataclasses.replace(p, temporary_bytes=0)  # noqa: E731
   assert [read(p) for p in plans[-1.0]] == [read(p) for p in plans[0.0]]
   assert [p.name for p in plans[0.0]] == ["train_step", "evaluate_greedy_decode"]

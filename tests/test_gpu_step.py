@@ -167,14 +167,11 @@ def test_the_translators_decoding_on_cpu_devices_traces_the_cpu_forms_alone_and_
   layer norm's CPU form directly; decoding built without a platform (as the compiled plan
   builds it for a TPU or GPU) traces every form. Compiled for the CPU, the two are the same
   program, instruction for instruction."""
-  import ml_collections
-  from aiayn_flax import model as model_lib, translator
-  from configs import multi30k
-  config = multi30k.get_config().model
-  config.update(vocab_size=50, d_model=32, d_ff=64, num_heads=4, num_layers=1, dtype="float32")
-  model = model_lib.Transformer(ml_collections.FrozenConfigDict(config))
-  inputs = jnp.asarray(np.random.default_rng(0).integers(4, 50, (4, 16)), jnp.int32)
-  params = jax.jit(model.init)(jax.random.key(0), inputs, inputs[:, :5])["params"]
+  from aiayn_flax import translator
+  from test_model import init, random_tokens, small_model
+  model, rng = small_model(num_layers=1), np.random.default_rng(0)
+  inputs = random_tokens(rng, 4, 16)
+  params = init(model, jax.random.key(0), inputs, inputs[:, :5])["params"]
   on_cpu = translator.Translator(model, params, None, extra_length=8)._decode.trace(params, inputs)
   every_form = translator.make_decode_fn(model, 1, 0.6, 8).trace(params, inputs)
   assert "platform_index" not in str(on_cpu.jaxpr)

@@ -16,8 +16,8 @@ from configs import base, big, multi30k
 
 def small_model(**overrides):
   cfg = multi30k.get_config().model
-  cfg.update(vocab_size=50, d_model=32, d_ff=64, num_heads=4, num_layers=2, dtype="float32",
-             **overrides)
+  cfg.update({**dict(vocab_size=50, d_model=32, d_ff=64, num_heads=4, num_layers=2,
+                     dtype="float32"), **overrides})
   return model_lib.Transformer(ml_collections.FrozenConfigDict(cfg))
 
 

@@ -192,3 +192,19 @@ def platform_dependent(*args, cpu, **forms):
   if _tracing_for.get() == "cpu":
     return cpu(*args)
   return jax.lax.platform_dependent(*args, cpu=cpu, **forms)
+
+
+# Compiler options, by platform, for a program that runs once (a run's initial state): its
+# run time is nothing beside its compile. On a CPU, LLVM at -O1: the same bits as at the
+# default -O3 (tests/test_training.py; -O0 rounds otherwise) in less CPU, base's initial
+# state 4.7 -> 3.4 s and the toy's 2.7 -> 1.5 s (docs/lab_notes/TESTS.md). Other platforms
+# compile it as jax.jit does.
+ONE_CALL_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 1}}
+
+
+def call_once(function, platform: str, **jit_kwargs):
+  """jax.jit(function, **jit_kwargs)(): the same result, compiled with
+  ONE_CALL_COMPILER_OPTIONS for the devices of `platform` it runs on."""
+  jitted = jax.jit(function, **jit_kwargs)
+  options = ONE_CALL_COMPILER_OPTIONS.get(platform)
+  return jitted.lower().compile(compiler_options=options)() if options else jitted()

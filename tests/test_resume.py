@@ -114,13 +114,18 @@ def test_several_steps_per_call_resume_exactly_after_sigkill(tmp_path):
 
 
 @pytest.mark.slow
-def test_half_written_newest_checkpoint_is_ignored(tmp_path):
+def test_half_written_newest_checkpoint_is_ignored(tmp_path, monkeypatch):
   # eval_every_steps=0 here and below: no validation at the end (its decoding's compile and
   # run) where the test reads parameters and steps alone.
   config = one_layer_toy()
   config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 20, 10, 0
   config.dataset.toy_eval_examples = 10
+  created = []  # the initial states the trainer compiles and creates
+  call_once = trainer.devices.call_once
+  monkeypatch.setattr(trainer.devices, "call_once",
+                      lambda *args, **kwargs: created.append(1) or call_once(*args, **kwargs))
   trainer.train_and_evaluate(config, str(tmp_path))
+  assert len(created) == 1
   directory = checkpoints.checkpoint_dir(str(tmp_path))
   # A writer killed mid-save leaves orbax's temporary directory, never a finished step.
   partial = os.path.join(directory, "30.orbax-checkpoint-tmp-1795300000000000")
@@ -133,6 +138,7 @@ def test_half_written_newest_checkpoint_is_ignored(tmp_path):
   config.num_train_steps = 25
   summary = trainer.train_and_evaluate(config, str(tmp_path))  # restores 20, not the fragment
   assert summary["start_step"] == 20 and summary["step"] == 25
+  assert len(created) == 1  # resumed: no fresh state beside the one restored
   assert summary["params_digest"] == trainer.train_and_evaluate(
       config, str(tmp_path / "uninterrupted"))["params_digest"]
 

@@ -161,6 +161,20 @@ def test_several_steps_in_one_call_equal_the_same_steps_one_by_one(num_steps):
                                           for b in batches[:num_steps])
 
 
+def test_the_initial_state_compiled_for_one_call_is_jits_bit_for_bit():
+  """devices.call_once compiles the trainer's initial state with LLVM at -O1 on a CPU (the
+  default is -O3; -O0 gives other bits): every array the same as jax.jit's."""
+  from aiayn_flax import devices, train_step
+  from configs import toy
+  config = toy.get_config()
+  model = train_step.make_model(config)
+  new_state = lambda: train_step.create_train_state(config, model)  # noqa: E731
+  once, jitted = devices.call_once(new_state, "cpu"), jax.jit(new_state)()
+  assert jax.tree.structure(once) == jax.tree.structure(jitted)
+  for a, b in zip(jax.tree.leaves(once), jax.tree.leaves(jitted)):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_accumulation_steps_follow_the_device_budget():
   from aiayn_flax import train_step
   from configs import base

@@ -71,9 +71,10 @@ def params_digest(params) -> str:
   return digest.hexdigest()
 
 
-def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shards: int,
-                    batch_plan: list[str] | None = None):
-  """(state, data position): from the newest checkpoint that can be read, when there is one.
+def restore_or_init(config, workdir, mngr, abstract_state, new_state, force_resume: bool,
+                    data_shards: int, batch_plan: list[str] | None = None):
+  """(state, data position): from the newest checkpoint that can be read, when there is one,
+  restored into `abstract_state` (ShapeDtypeStructs with their shardings); else new_state().
   Newer ones that cannot be read are moved to workdir/unreadable_checkpoints/ (never deleted),
   with a warning naming them, so that the run can save those steps again.
 
@@ -86,7 +87,7 @@ def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shard
   # line naming the keys, before orbax would fail on its arrays' shapes.
   newest_meta = checkpoints.newest_readable(mngr, lambda step: checkpoints.restore_meta(mngr, step))
   if not newest_meta:
-    return state, bucketing.BatchPosition()
+    return new_state(), bucketing.BatchPosition()
   saved_meta = newest_meta[0][1]
   same_batches = batch_plan is not None and saved_meta.get("batch_plan") == batch_plan
   conflicts = resume_conflicts(saved_meta["config"], config_dict(config),
@@ -99,9 +100,8 @@ def restore_or_init(config, workdir, mngr, state, force_resume: bool, data_shard
     raise ValueError(f"{mngr.directory} was trained with "
                      f"another config ({'; '.join(conflicts)}); use a fresh --workdir, or "
                      "--force_resume to continue anyway")
-  abstract = checkpoints.abstract_of(state)
   [(step, (restored, meta))] = checkpoints.newest_readable(
-      mngr, lambda step: checkpoints.restore(mngr, step, abstract))
+      mngr, lambda step: checkpoints.restore(mngr, step, abstract_state))
   checkpoints.set_aside(mngr, workdir, [s for s in mngr.all_steps() if s > step])
   logging.info("Resumed from step %d of %s", step, mngr.directory)
   return restored, bucketing.BatchPosition(**meta["position"])

@@ -10,7 +10,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from aiayn_flax import config_checks, sharding, tasks, train_step
+from aiayn_flax import config_checks, devices, sharding, tasks, train_step
 from aiayn_flax.data import bucketing, pipeline, prefetch
 from aiayn_flax.planning import fit
 from aiayn_flax.programs import training_programs
@@ -205,9 +205,13 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
   one_checkpoint = check_room(workdir, abstract_state, keep)
   state_sharding = sharding.train_state_shardings(
       mesh, abstract_state, train_step.logical_param_specs(model), config.fsdp)
-  state = jax.jit(new_state, out_shardings=state_sharding)()
-  state, position = restore_or_init(config, workdir, mngr, state, force_resume, data_shards,
-                                    batch_plan)
+  # Created only where no checkpoint is restored: a resumed run neither compiles nor holds a
+  # fresh state beside the one it reads.
+  state, position = restore_or_init(
+      config, workdir, mngr, checkpoints.shaped_like(abstract_state, state_sharding),
+      lambda: devices.call_once(new_state, mesh.devices.flat[0].platform,
+                                out_shardings=state_sharding),
+      force_resume, data_shards, batch_plan)
 
   programs = training_programs(config, model, mesh, state_sharding)
   rng = train_step.dropout_key(config.seed)

@@ -190,6 +190,13 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+def placed(shapes, shardings):
+  """ShapeDtypeStructs of `shapes` (jax.eval_shape's) laid out by `shardings`: what a program
+  is compiled for, and what a checkpoint is restored into, without the arrays."""
+  return jax.tree.map(lambda shape, sharding: jax.ShapeDtypeStruct(
+      shape.shape, shape.dtype, sharding=sharding), shapes, shardings)
+
+
 def data_parallel_size(mesh: Mesh) -> int:
   return mesh.shape["data"]
 

@@ -175,6 +175,19 @@ def test_the_initial_state_compiled_for_one_call_is_jits_bit_for_bit():
     np.testing.assert_array_equal(a, b)
 
 
+def test_the_states_shapes_and_logical_specs_from_one_trace_are_those_of_two():
+  from aiayn_flax import train_step
+  from configs import toy
+  config = toy.get_config()
+  model = train_step.make_model(config)
+  shapes, specs = train_step.state_shapes_and_logical_specs(config, model)
+  expected = jax.eval_shape(lambda: train_step.create_train_state(config, model))
+  assert jax.tree.leaves(shapes) == jax.tree.leaves(expected)  # shapes, dtypes, weak types
+  assert jax.tree.structure(shapes.opt_state) == jax.tree.structure(expected.opt_state)
+  assert jax.tree.structure(shapes.params) == jax.tree.structure(expected.params)
+  assert specs == train_step.logical_param_specs(model)
+
+
 def test_accumulation_steps_follow_the_device_budget():
   from aiayn_flax import train_step
   from configs import base

@@ -87,11 +87,6 @@ def _same_for_all(tree, sharding_):
   return jax.tree.map(lambda _: sharding_, tree)
 
 
-def _abstract(tree, shardings):
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
-                      shardings)
-
-
 def _flops(compiled, lowered_for_cpu, num_devices: int) -> float:
   """XLA's FLOP count of one call over all devices: the TPU compiler's (per device, of the
   partitioned program), else (GPU: cost_analysis is None) the CPU lowering's of the whole."""
@@ -172,14 +167,14 @@ class TrainingCompiler:
     self.data_shards = self.mesh_axes["data"]
     self.num_devices = mesh.devices.size
     self.model = train_step.make_model(config, mesh.devices.flat[0], mesh.devices.size)
-    self.abstract_state = jax.eval_shape(
-        lambda: train_step.create_train_state(config, self.model))
+    self.abstract_state, logical_specs = train_step.state_shapes_and_logical_specs(
+        config, self.model)
     self.state_sharding = sharding.train_state_shardings(
-        mesh, self.abstract_state, train_step.logical_param_specs(self.model), config.fsdp)
+        mesh, self.abstract_state, logical_specs, config.fsdp)
     self.programs = training_programs(config, self.model, mesh, self.state_sharding)
     self.replicated = sharding.replicated(mesh)
     self.batch_sharding = sharding.batch_sharding(mesh)
-    self.state = _abstract(self.abstract_state, self.state_sharding)
+    self.state = sharding.placed(self.abstract_state, self.state_sharding)
     rng = jax.eval_shape(lambda: train_step.dropout_key(0))
     self.rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=self.replicated)
     self.scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated)
@@ -240,8 +235,8 @@ class TrainingCompiler:
              for key in ("inputs", "targets")}
     grads, metrics = jax.eval_shape(self.programs.accumulate_fn, None, self.state.params, batch,
                                     self.rng, self.scalar, self.scalar)
-    return (_abstract(grads, self.state_sharding.params),
-            _abstract(metrics, jax.tree.map(lambda _: self.replicated, metrics)))
+    return (sharding.placed(grads, self.state_sharding.params),
+            sharding.placed(metrics, jax.tree.map(lambda _: self.replicated, metrics)))
 
   def apply_program(self) -> CompiledProgram:
     """The update from accumulated sums: the same program at every accumulation (compiled
@@ -424,6 +419,6 @@ def _compile_decoding(name, config, model, params, placement, *, beam_size: int,
   decode_fn = translator.make_decode_fn(model, beam_size, config.length_penalty_alpha,
                                         config.decode_extra_length, constraint_for=constraint,
                                         devices=devices)
-  params = _abstract(params, placement[0])
+  params = sharding.placed(params, placement[0])
   sources = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=placement[1])
   return _compile(name, f"{rows}x{length}", decode_fn, (params, sources), num_devices)

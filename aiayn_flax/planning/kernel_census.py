@@ -244,12 +244,11 @@ def train_step_hlo(config, target_name: str, length: int) -> tuple[str, str, obj
   target_devices = accelerator_targets.topology_devices(target)
   mesh = sharding.make_mesh(config.mesh, target_devices, config.dcn_mesh)
   model = train_step.make_model(config, target_devices[0], len(target_devices))
-  abstract_state = jax.eval_shape(lambda: train_step.create_train_state(config, model))
-  state_sharding = sharding.train_state_shardings(
-      mesh, abstract_state, train_step.logical_param_specs(model), config.fsdp)
+  abstract_state, logical_specs = train_step.state_shapes_and_logical_specs(config, model)
+  state_sharding = sharding.train_state_shardings(mesh, abstract_state, logical_specs,
+                                                  config.fsdp)
   step_fn = programs.training_programs(config, model, mesh, state_sharding).step_fn
-  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       abstract_state, state_sharding)
+  state = sharding.placed(abstract_state, state_sharding)
   rows = bucketing.batch_size_for(length, bucketing.padded_budget(config.tokens_per_batch),
                                   dict(mesh.shape)["data"])
   batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32,

@@ -268,13 +268,6 @@ def abstract_of(tree):
   return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
-def shaped_like(shapes, shardings):
-  """What abstract_of gives for the arrays jax.jit(f, out_shardings=shardings)() would return,
-  from `shapes` (jax.eval_shape(f)) without computing them."""
-  return jax.tree.map(lambda shape, sharding: jax.ShapeDtypeStruct(
-      shape.shape, shape.dtype, sharding=sharding), shapes, shardings)
-
-
 def newest_readable(mngr: ocp.CheckpointManager, read, limit: int = 1) -> list[tuple]:
   """[(step, read(step)), ...] for the newest `limit` checkpoints that can be read, newest
   first. A failed read is retried (READ_ATTEMPTS); a checkpoint that still cannot be read (bit

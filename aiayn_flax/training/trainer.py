@@ -200,15 +200,15 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
       "vocabulary": host_agreement.file_digest(getattr(vocab, "model_path", None)),
       "batch plan": batch_plan,
       "checkpoint steps": sorted(mngr.all_steps())})
-  new_state = lambda: train_step.create_train_state(config, model)  # noqa: E731
-  abstract_state = jax.eval_shape(new_state)
+  abstract_state, logical_specs = train_step.state_shapes_and_logical_specs(config, model)
   one_checkpoint = check_room(workdir, abstract_state, keep)
-  state_sharding = sharding.train_state_shardings(
-      mesh, abstract_state, train_step.logical_param_specs(model), config.fsdp)
+  state_sharding = sharding.train_state_shardings(mesh, abstract_state, logical_specs,
+                                                  config.fsdp)
   # Created only where no checkpoint is restored: a resumed run neither compiles nor holds a
   # fresh state beside the one it reads.
+  new_state = lambda: train_step.create_train_state(config, model, abstract_state.tx)  # noqa: E731
   state, position = restore_or_init(
-      config, workdir, mngr, checkpoints.shaped_like(abstract_state, state_sharding),
+      config, workdir, mngr, sharding.placed(abstract_state, state_sharding),
       lambda: devices.call_once(new_state, mesh.devices.flat[0].platform,
                                 out_shardings=state_sharding),
       force_resume, data_shards, batch_plan)

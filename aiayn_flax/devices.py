@@ -195,8 +195,8 @@ def platform_dependent(*args, cpu, **forms):
 
 
 # Compiler options, by platform, for a program that runs once (a run's initial state): its
-# run time is nothing beside its compile. On a CPU, LLVM at -O1: the same bits as at the
-# default -O3 (tests/test_training.py; -O0 rounds otherwise) in less CPU, base's initial
+# run time is nothing beside its compile. On a CPU, LLVM at -O1: the same bits as at XLA's
+# default level (tests/test_training.py; -O0 rounds otherwise) in less CPU, base's initial
 # state 4.7 -> 3.4 s and the toy's 2.7 -> 1.5 s (docs/lab_notes/TESTS.md). Other platforms
 # compile it as jax.jit does.
 ONE_CALL_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 1}}

@@ -162,8 +162,8 @@ def test_several_steps_in_one_call_equal_the_same_steps_one_by_one(num_steps):
 
 
 def test_the_initial_state_compiled_for_one_call_is_jits_bit_for_bit():
-  """devices.call_once compiles the trainer's initial state with LLVM at -O1 on a CPU (the
-  default is -O3; -O0 gives other bits): every array the same as jax.jit's."""
+  """devices.call_once compiles the trainer's initial state with LLVM at -O1 on a CPU (at -O0
+  some arrays round otherwise): every array the same as jax.jit's at XLA's default level."""
   from aiayn_flax import devices, train_step
   from configs import toy
   config = toy.get_config()

@@ -205,6 +205,5 @@ ONE_CALL_COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 1}}
 def call_once(function, platform: str, **jit_kwargs):
   """jax.jit(function, **jit_kwargs)(): the same result, compiled with
   ONE_CALL_COMPILER_OPTIONS for the devices of `platform` it runs on."""
-  jitted = jax.jit(function, **jit_kwargs)
-  options = ONE_CALL_COMPILER_OPTIONS.get(platform)
-  return jitted.lower().compile(compiler_options=options)() if options else jitted()
+  return jax.jit(function, compiler_options=ONE_CALL_COMPILER_OPTIONS.get(platform),
+                 **jit_kwargs)()

@@ -57,7 +57,8 @@ def create_train_state(config, model, tx: optax.GradientTransformation | None = 
   """The initial state, compiled as one program (as boxed_params). `tx`: the optimizer, where
   the caller holds one already: jit matches out_shardings by the state's static fields too,
   so shardings built from state_shapes_and_logical_specs' shapes need its very optimizer."""
-  tx = tx or optimizer.make_optimizer(config)
+  if tx is None:
+    tx = optimizer.make_optimizer(config)
   return jax.jit(lambda: _state_of(model, init_params(model, config.seed), tx))()
 
 

@@ -1,5 +1,6 @@
 """A workdir on Cloud Storage (gs://bucket/run): training, resuming and evaluation keep every
-file of the run in the bucket and none on the local disk.
+file of the run in the bucket and none on the local disk (but for the host's copy of the token
+ids, in its temporary folder, which it memory-maps).
 
 The bucket is served by a GCS emulator on localhost (gcp-storage-emulator), so no network is
 needed. Orbax's arrays go to it through tensorstore (TENSORSTORE_GCS_HTTP_URL), everything else
@@ -11,6 +12,7 @@ import json
 import logging
 import subprocess
 import sys
+import tempfile
 
 import gcsfs.retry
 import pytest
@@ -125,6 +127,8 @@ def test_a_run_in_a_bucket_trains_resumes_and_evaluates_with_nothing_on_the_loca
     emulated_gcs, small_corpus, tmp_path_factory, monkeypatch, caplog):
   cwd = tmp_path_factory.mktemp("cwd")
   monkeypatch.chdir(cwd)  # a URL taken for a local path would land here, e.g. ./gs:/bucket/run
+  host_temp = tmp_path_factory.mktemp("host_temp")  # the host's temporary folder, for this test
+  monkeypatch.setattr(tempfile, "tempdir", str(host_temp))
   workdir = f"gs://{BUCKET}/run"
   trainer.train_and_evaluate(small_text_config(small_corpus, 4), workdir)
   stored = files_under(workdir)
@@ -136,6 +140,13 @@ def test_a_run_in_a_bucket_trains_resumes_and_evaluates_with_nothing_on_the_loca
     resumed = trainer.train_and_evaluate(small_text_config(small_corpus, 6), workdir)
   assert f"Resumed from step 4 of {workdir}/checkpoints" in caplog.text
   assert f"token ids read from {workdir}/tokenized/parallel_text-train-" in caplog.text
+  # The bucket's token ids are mapped from a copy in the host's temporary folder, byte for byte.
+  caches = sorted(name for name in files_under(workdir) if name.startswith("tokenized/"))
+  local_files = sorted(p for p in host_temp.rglob("*") if p.is_file())
+  assert local_files == [host_temp / "aiayn_flax_tokenized" / name.split("/")[1]
+                         for name in caches], (caches, local_files)
+  for name, copy in zip(caches, local_files):
+    assert copy.read_bytes() == epath.Path(f"{workdir}/{name}").read_bytes()
 
   # The same six steps in a local folder end with the same parameters.
   uninterrupted = trainer.train_and_evaluate(small_text_config(small_corpus, 6),

@@ -7,11 +7,12 @@ package's __init__ says which (its `May import:` line, which tests/test_architec
                  orbax checkpoints, storage errors, caches and provenance; no model code
   2. data/       sources, vocabulary, token-bucketed batches, the public data files
      decoding/   greedy and beam search against a model's step callback
-  3. the model layer, the modules directly in aiayn_flax/: model.py and attention.py, loss,
-     optimizer, train_step, programs, translator, scoring, config_checks, run_dir (reading a
-     saved run), attention_maps, plot; and sharding.py and devices.py, which place arrays for
-     the model, optimizer and translator and choose each platform's form of an operation
-     (planning/ reads them too, from above)
+  3. the model layer, the modules directly in aiayn_flax/: model.py, loss, optimizer,
+     train_step, programs, translator, scoring, config_checks, run_dir (reading a saved run),
+     attention_maps, plot; and sharding.py and devices.py, which place arrays for the model,
+     optimizer and translator and choose each platform's form of an operation (planning/
+     reads them too, from above); and attention/, the model layer's package of attention and
+     its backends, which reads devices.py
   4. parsing/    constituency parsing's own code (Table 4)
   5. tasks/      the tasks a config trains: translation, parsing, the toy task
   6. planning/   accelerator targets, FLOPs, the dry run, the compiled plan, the kernel census
@@ -20,7 +21,7 @@ package's __init__ says which (its `May import:` line, which tests/test_architec
 The entry points (train.py, evaluate.py, translate.py) sit above all of them. The rule of the
 model layer:
 
-May import: aiayn_flax.runtime, aiayn_flax.data, aiayn_flax.decoding
+May import: aiayn_flax.runtime, aiayn_flax.data, aiayn_flax.decoding, aiayn_flax.attention
 """
 import importlib.abc
 import sys

@@ -14,7 +14,14 @@ ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": F
                 "dataset.mix_ratio": 0.0, "dataset.mix_epochs": 0, "dataset.silver_files": "",
                 "dataset.silver_min_agreement": 0.0,
                 "dataset.silver_min_log_prob_per_word": -100.0,
-                "model.attention_implementation": "written_out", "device_memory_bytes": 0}
+                "model.attention_implementation": "written_out", "device_memory_bytes": 0,
+                # the GPU forms as they were before they became fields (2026-12-07)
+                "model.layer_norm_implementation": "auto", "loss_implementation": "auto",
+                "optimizer_implementation": "auto", "aligned_row_tokens": 256}
+# The values of each GPU form's field (attention's: backends.requestable()).
+FORM_VALUES = {"model.layer_norm_implementation": ("auto", "flax", "one_pass"),
+               "loss_implementation": ("auto", "reductions", "fused"),
+               "optimizer_implementation": ("auto", "per_array", "one_vector")}
 
 
 def with_added_fields(saved: dict) -> dict:
@@ -84,18 +91,27 @@ def check_config(config) -> None:
            f"(d_model / num_heads per head); or set model.{key}")
   for key in ("dropout_rate", "attention_dropout_rate", "source_token_dropout_rate"):
     _check(0 <= model[key] < 1, f"model.{key}", model[key], "must be in [0, 1)")
+  from aiayn_flax.attention import backends
   implementation = model.get("attention_implementation", "written_out")
-  _check(implementation in ("auto", "written_out", "pallas", "cudnn", "xla"),
-         "model.attention_implementation", implementation,
-         "must be 'auto', 'written_out', 'pallas', 'cudnn' or 'xla'")
-  _check(implementation in ("auto", "written_out") or model.attention_dropout_rate == 0,
+  requestable = backends.requestable()
+  _check(implementation in requestable, "model.attention_implementation", implementation,
+         f"must be one of {', '.join(requestable)}")
+  fused = implementation not in ("auto", "written_out")
+  _check(not fused or model.attention_dropout_rate == 0,
          "model.attention_dropout_rate", model.attention_dropout_rate,
          f"must be 0 with model.attention_implementation={implementation} (no attention dropout "
          "in the fused kernels)")
   per_head = model.d_model // model.num_heads  # what 0 means (attention.head_dims)
-  _check(implementation != "pallas" or (model.qk_dim or per_head) == (model.v_dim or per_head),
+  _check(not fused or (model.qk_dim or per_head) == (model.v_dim or per_head),
          "model.v_dim", model.v_dim, f"must give the head size model.qk_dim={model.qk_dim} "
-         "gives with model.attention_implementation=pallas (its kernels take one head size)")
+         f"gives with model.attention_implementation={implementation} (its kernels take one "
+         "head size)")
+  for key, values in FORM_VALUES.items():
+    value = config.model.get(key[6:]) if key.startswith("model.") else config.get(key)
+    value = ADDED_FIELDS[key] if value is None else value
+    _check(value in values, key, value, f"must be one of {', '.join(values)}")
+  _check(config.get("aligned_row_tokens", 256) >= 0, "aligned_row_tokens",
+         config.get("aligned_row_tokens", 256), "must be 0 (never) or a positive number of tokens")
   _check(model.positions in ("sinusoidal", "learned"), "model.positions", model.positions,
          "must be 'sinusoidal' or 'learned'")
   _check(model.positions != "sinusoidal" or model.d_model % 2 == 0, "model.d_model",

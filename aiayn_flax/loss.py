@@ -96,21 +96,19 @@ def smoothed_nll_by_reductions(logits: jnp.ndarray, targets: jnp.ndarray, smooth
   return (1.0 - smoothing) * nll + smoothing * uniform_ce, nll
 
 
-# The form per position, chosen when the step is lowered ("auto"), or forced by a benchmark that
-# times the two against each other ("reductions", "fused").
-FORM = "auto"
-
-
-def per_position(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: float):
+def per_position(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: float, form: str):
+  """(smoothed loss, NLL) per position in `form` (config.loss_implementation): "reductions",
+  "fused", or "auto", chosen where the step is lowered (fused on a GPU)."""
   reductions = lambda x, t: smoothed_nll_by_reductions(x, t, smoothing)  # noqa: E731
   fused = lambda x, t: fused_smoothed_nll(x, t, smoothing)  # noqa: E731
-  if FORM != "auto":
-    return {"reductions": reductions, "fused": fused}[FORM](logits, targets)
+  if form != "auto":
+    return {"reductions": reductions, "fused": fused}[form](logits, targets)
   return devices.platform_dependent(logits, targets, cpu=reductions, tpu=reductions,
                                     default=fused)
 
 
-def label_smoothed_nll(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: float):
+def label_smoothed_nll(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: float,
+                       form: str = "auto"):
   """Returns (smoothed loss sum, NLL sum, number of real target tokens), all float32 scalars.
 
   The smoothed target puts 1 - smoothing on the reference token and smoothing / V on every
@@ -122,6 +120,6 @@ def label_smoothed_nll(logits: jnp.ndarray, targets: jnp.ndarray, smoothing: flo
   docs/PERFORMANCE.md).
   """
   with jax.named_scope("loss"):
-    loss, nll = per_position(logits, targets, smoothing)  # [B, T] each
+    loss, nll = per_position(logits, targets, smoothing, form)  # [B, T] each
     weights = (targets != PAD_ID).astype(jnp.float32)
     return jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(weights)

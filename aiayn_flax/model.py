@@ -46,17 +46,15 @@ _LAYER_NORM_EPSILON = 1e-6
 # column sum: base's step on an H100, counted deviceless, 80 kernels fewer (docs/PERFORMANCE.md).
 
 
-# The layer norm's form on a GPU: "one_pass" (layer_norm_one_pass), or "flax" as on a CPU
-# (bench/gpu_census.py --forms=before counts the step of before 2026-11-29 with it).
-GPU_LAYER_NORM = "one_pass"
-
-
 class LayerNorm(nn.Module):
-  """Over the last axis, the output in `dtype`, scale and bias float32."""
+  """Over the last axis, the output in `dtype`, scale and bias float32. `form`
+  (config model.layer_norm_implementation): "flax", "one_pass" (layer_norm_one_pass), or
+  "auto", chosen where the program is lowered: one_pass on a GPU, flax elsewhere."""
   epsilon: float
   dtype: jnp.dtype
   scale_init: object
   bias_init: object
+  form: str = "auto"
 
   @nn.compact
   def __call__(self, x):
@@ -64,9 +62,10 @@ class LayerNorm(nn.Module):
     scale = self.param("scale", self.scale_init, features, jnp.float32)
     bias = self.param("bias", self.bias_init, features, jnp.float32)
     as_flax = functools.partial(layer_norm_as_flax, epsilon=self.epsilon, dtype=self.dtype)
-    gpu = (as_flax if GPU_LAYER_NORM == "flax" else
-           functools.partial(layer_norm_one_pass, epsilon=self.epsilon, dtype=self.dtype))
-    return devices.platform_dependent(x, scale, bias, cpu=as_flax, tpu=as_flax, default=gpu)
+    one_pass = functools.partial(layer_norm_one_pass, epsilon=self.epsilon, dtype=self.dtype)
+    if self.form != "auto":
+      return {"flax": as_flax, "one_pass": one_pass}[self.form](x, scale, bias)
+    return devices.platform_dependent(x, scale, bias, cpu=as_flax, tpu=as_flax, default=one_pass)
 
 
 def _row_means(x):
@@ -134,9 +133,10 @@ def layer_norm_one_pass(x, scale, bias, *, epsilon, dtype):
   return _one_pass(x, scale, bias, epsilon, dtype)
 
 
-def _layer_norm(dtype, name=None):
+def _layer_norm(config, dtype, name=None):
   return LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=dtype, scale_init=_ones("embed"),
-                   bias_init=_zeros("embed"), name=name)
+                   bias_init=_zeros("embed"),
+                   form=config.get("layer_norm_implementation", "auto"), name=name)
 
 
 def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
@@ -172,7 +172,7 @@ class Residual(nn.Module):
   @nn.compact
   def __call__(self, x, sublayer, *, deterministic: bool):
     cfg = self.config
-    norm = _layer_norm(jnp.dtype(cfg.dtype))
+    norm = _layer_norm(cfg, jnp.dtype(cfg.dtype))
     dropout = Dropout(cfg.dropout_rate)
     if cfg.pre_layer_norm:
       return x + dropout(sublayer(norm(x)), deterministic=deterministic)
@@ -184,7 +184,7 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, source_mask, *, deterministic: bool):
-    self_attention = MultiHeadAttention(self.config, is_self_attention=True, name="self_attention")
+    self_attention = MultiHeadAttention(self.config, site="encoder", name="self_attention")
     x = Residual(self.config, name="attention_residual")(
         x, lambda y: self_attention(y, None, source_mask, deterministic=deterministic),
         deterministic=deterministic)
@@ -198,9 +198,8 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, y, memory, target_mask, source_mask, *, deterministic: bool,
                decode: bool = False, cache_length: int = 0, position=None, beams: int = 1):
-    self_attention = MultiHeadAttention(self.config, is_self_attention=True, name="self_attention")
-    cross_attention = MultiHeadAttention(self.config, is_self_attention=False,
-                                         name="cross_attention")
+    self_attention = MultiHeadAttention(self.config, site="decoder", name="self_attention")
+    cross_attention = MultiHeadAttention(self.config, site="cross", name="cross_attention")
     y = Residual(self.config, name="self_attention_residual")(
         y, lambda z: self_attention(z, None, target_mask, deterministic=deterministic,
                                     decode=decode, cache_length=cache_length,
@@ -263,7 +262,7 @@ class Encoder(nn.Module):
     for i in range(cfg.num_layers):
       x = EncoderLayer(cfg, name=f"layer_{i}")(x, source_mask, deterministic=deterministic)
     if cfg.pre_layer_norm:
-      x = _layer_norm(x.dtype, name="final_norm")(x)
+      x = _layer_norm(cfg, x.dtype, name="final_norm")(x)
     return x
 
 
@@ -291,7 +290,7 @@ class Decoder(nn.Module):
           y, memory, target_mask, source_mask, deterministic=deterministic, decode=decode,
           cache_length=cache_length, position=offset, beams=beams)
     if cfg.pre_layer_norm:
-      y = _layer_norm(y.dtype, name="final_norm")(y)
+      y = _layer_norm(cfg, y.dtype, name="final_norm")(y)
     logits = self.embed.attend(y)  # pre-softmax projection tied to the embedding (3.4)
     return logits.astype(jnp.float32)  # [B, T, V]: softmax and loss in float32
 

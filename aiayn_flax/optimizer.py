@@ -32,7 +32,7 @@ def make_optimizer(config) -> optax.GradientTransformation:
   """
   adam = optax.adam(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
                     eps=config.adam_eps)
-  return skip_nonfinite(adam, one_vector=state_is_whole_on_each_device(config))
+  return skip_nonfinite(adam, update_form(config))
 
 
 def state_is_whole_on_each_device(config) -> bool:
@@ -42,19 +42,21 @@ def state_is_whole_on_each_device(config) -> bool:
   return not config.fsdp and sharding.mesh_axis_sizes(config.mesh).get("model", 1) == 1
 
 
-# "auto": the update's form chosen where the step is lowered (optax's on the CPU and TPUs, one
-# finite check over one vector on a GPU); a benchmark or test may force "per_array" or
-# "one_vector".
-FORM = "auto"
+def update_form(config) -> str:
+  """config.optimizer_implementation where every device holds the whole state, else
+  "per_array" (a sharded state keeps its arrays apart, as its shards lie)."""
+  if not state_is_whole_on_each_device(config):
+    return "per_array"
+  return config.get("optimizer_implementation", "auto")
 
 
 def skip_nonfinite(inner: optax.GradientTransformation,
-                   one_vector: bool) -> optax.GradientTransformation:
+                   form: str) -> optax.GradientTransformation:
   """optax.apply_if_finite(inner, max_consecutive_errors=2**31 - 1), with the same state (so
-  checkpoints are the same either way). With `one_vector`, on a GPU, the finite check is one
-  reduction over one vector of every gradient, where optax's is one per parameter array (a
-  kernel launch each: 193 for base); Adam then runs per array, as optax's does, the skip a
-  select, so that XLA fuses each array's update in place and merges the small arrays' into a
+  checkpoints are the same either way). With `form` "one_vector" ("auto": on a GPU), the finite
+  check is one reduction over one vector of every gradient, where optax's is one per parameter
+  array (a kernel launch each: 193 for base); Adam then runs per array, as optax's does, the
+  skip a select, so that XLA fuses each array's update in place and merges the small arrays' into a
   few kernels. (Adam on the raveled vector itself, the form before, cost base 131 copies: XLA
   fused the old moments' concatenation into several update kernels, each of which then read
   buffers another one overwrote.) The CPU and TPUs keep optax's form, and their compiled steps
@@ -76,11 +78,9 @@ def skip_nonfinite(inner: optax.GradientTransformation,
   def update(updates, state, params=None):
     del params  # Adam reads none
     by_array = lambda u, s: per_array.update(u, s)  # noqa: E731
-    if not one_vector or FORM == "per_array":
-      return by_array(updates, state)
-    if FORM == "one_vector":
-      return update_with_one_check(updates, state)
+    if form in ("per_array", "one_vector"):
+      return {"per_array": by_array, "one_vector": update_with_one_check}[form](updates, state)
     return devices.platform_dependent(updates, state, cpu=by_array, tpu=by_array,
-                                    default=update_with_one_check)
+                                      default=update_with_one_check)
 
   return optax.GradientTransformation(per_array.init, update)

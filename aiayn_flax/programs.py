@@ -1,12 +1,71 @@
 """The jitted programs of a run, built once for the trainer and for the compiled dry run
 (`train.py --dry_run --target=...`), so that what the dry run compiles is what training runs:
-the same functions, shardings and donations."""
+the same functions, shardings and donations.
+
+The step's GPU forms (config fields, docs/TRAIN.md's table) are hypotheses until a GPU runs
+them: where a program does not compile with them (any error of lowering or of the compiler
+that is not the device's memory), the programs are built again with the attention written out,
+then with every form plain (PLAIN_FORMS), each time with one warning naming the form and its
+switch, and the run goes on. Only where the plain forms fail too does the error stop it."""
 import dataclasses
 import functools
 
 import jax
+from absl import logging
 
 from aiayn_flax import devices, optimizer, sharding, train_step
+
+# Each GPU form's config field and its plain form (what a CPU runs), in the order a run falls
+# back: the attention first (Pallas's kernels are where a GPU compile is likeliest to fail),
+# then the rest together.
+PLAIN_FORMS = {"model.attention_implementation": "written_out",
+               "model.layer_norm_implementation": "flax", "loss_implementation": "reductions",
+               "optimizer_implementation": "per_array", "aligned_row_tokens": 0}
+FALLBACKS = (("model.attention_implementation",), tuple(PLAIN_FORMS))
+
+
+def aligned_tokens(config, mesh) -> int:
+  """The tokens a batch's rows are aligned to (train_step.with_aligned_rows): on one GPU,
+  config.aligned_row_tokens. Over several devices the rows appended at the end would all fall
+  on the last one, so there the batches stay as they come."""
+  one_gpu = mesh.devices.size == 1 and mesh.devices.flat[0].platform == "gpu"
+  return config.get("aligned_row_tokens", 256) if one_gpu else 0
+
+
+def step_forms(config, mesh) -> train_step.StepForms:
+  return train_step.StepForms(loss=config.get("loss_implementation", "auto"),
+                              optimizer=optimizer.update_form(config),
+                              aligned_tokens=aligned_tokens(config, mesh))
+
+
+def with_plain_forms(config, fields):
+  """A copy of `config` with `fields` (of PLAIN_FORMS) set to their plain form."""
+  plain = config.copy_and_resolve_references()
+  for field in fields:
+    *block, key = field.split(".")
+    (plain[block[0]] if block else plain)[key] = PLAIN_FORMS[field]
+  return plain
+
+
+def forms_in_use(config, fields) -> str:
+  """'model.attention_implementation=auto, ...': the values `fields` have in `config`."""
+  def value(field):
+    *block, key = field.split(".")
+    return (config[block[0]] if block else config).get(key, PLAIN_FORMS[field])
+  return ", ".join(f"{field}={value(field)}" for field in fields)
+
+
+def is_device_memory_error(error: Exception) -> bool:
+  """An overflow of the device's memory (a TPU compiler's RESOURCE_EXHAUSTED "... exceeds
+  available HBM"), which no form switches; not a kernel's shared memory ("Shared memory size
+  limit exceeded"), which a smaller block or another form can avoid."""
+  text = str(error)
+  return "RESOURCE_EXHAUSTED" in text and "hared memory" not in text
+
+
+def error_line(error: Exception) -> str:
+  lines = [line for line in str(error).splitlines() if line.strip()] or [""]
+  return f"{type(error).__name__}: {lines[0][:240]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,46 +75,172 @@ class TrainingPrograms:
   accumulate_fn: object  # (sums | None, params, batch, rng, step, micro_step) -> sums
   apply_fn: object  # (state, grad_sums, metrics) -> (state, metrics): the accumulated update
   eval_fn: object  # (params, batch) -> metric sums
+  forms: "FormFallback"  # the config they are built from now, and its fallbacks
 
 
-def aligns_rows(mesh) -> bool:
-  """Whether the programs pad a batch's rows to a GPU's tile sizes
-  (train_step.with_aligned_rows): on one GPU. Over several devices the rows appended at the end
-  would all fall on the last one, so there the batches stay as they come."""
-  return mesh.devices.size == 1 and mesh.devices.flat[0].platform == "gpu"
+class FormFallback:
+  """The config the programs are built from: the run's, until a program fails to compile
+  with its forms; then the next of FALLBACKS' (one warning each). `build(config)` returns the
+  jitted functions by name."""
+
+  def __init__(self, config, build, where: str):
+    self.config, self._build, self._where = config, build, where
+    self._fallbacks = [fields for fields in FALLBACKS
+                       if with_plain_forms(config, fields).to_dict() != config.to_dict()]
+    self.functions = build(config)
+    self.fell_back = []  # the fields switched, in order
+
+  def fall_back(self, program: str, error: Exception) -> bool:
+    """Builds the programs with the next fallback's plain forms (False: none is left)."""
+    if not self._fallbacks:
+      return False
+    fields = self._fallbacks.pop(0)
+    switched = [f for f in fields if with_plain_forms(self.config, [f]).to_dict()
+                != self.config.to_dict()]
+    logging.warning(
+        "%s: %s did not compile with %s (%s); going on with %s: set --config.%s to start "
+        "so (docs/TRAIN.md, the GPU forms)", self._where, program,
+        forms_in_use(self.config, switched), error_line(error),
+        ", ".join(f"{f}={PLAIN_FORMS[f]}" for f in switched),
+        " --config.".join(f"{f}={PLAIN_FORMS[f]}" for f in switched))
+    self.config = with_plain_forms(self.config, fields)
+    self.fell_back += switched
+    self.functions = self._build(self.config)
+    return True
+
+
+class Program:
+  """One of a run's jitted programs, called as jax.jit's (and lowered as it: `lower`,
+  `__wrapped__`), that falls back to plainer forms where it does not compile."""
+
+  def __init__(self, name: str, forms: FormFallback):
+    self.name, self._forms = name, forms
+
+  @property
+  def jitted(self):
+    return self._forms.functions[self.name]
+
+  @property
+  def __wrapped__(self):
+    return self.jitted.__wrapped__
+
+  def lower(self, *args):
+    return self.jitted.lower(*args)
+
+  def compile(self, *args):
+    """lower(*args).compile(), falling back where the forms do not compile."""
+    while True:
+      try:
+        return self.jitted.lower(*args).compile()
+      except Exception as error:  # noqa: BLE001 - any lowering or compiler error
+        if is_device_memory_error(error) or not self._forms.fall_back(self.name, error):
+          raise
+
+  def __call__(self, *args):
+    try:
+      return self.jitted(*args)
+    except Exception as error:  # noqa: BLE001 - told apart below
+      # A failure to compile leaves the (donated) arguments as they were: the call is tried
+      # again with plainer forms. One at run time (or no fallback left) is the caller's.
+      if is_device_memory_error(error) or not self._does_not_compile(args):
+        raise
+      if not self._forms.fall_back(self.name, error):
+        raise
+    return self(*args)
+
+  def _does_not_compile(self, args) -> bool:
+    if any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(args)):
+      return False  # it ran, and consumed its donated arguments
+    try:
+      self.jitted.lower(*args).compile()
+    except Exception:  # noqa: BLE001
+      return True
+    return False
 
 
 def training_programs(config, model, mesh, state_sharding) -> TrainingPrograms:
   """The train, accumulate/apply and eval programs of `config` on `mesh`; the state is
-  donated (updated in place), batches are split along `data`."""
+  donated (updated in place), batches are split along `data`. `model` is the config's
+  (train_step.make_model); a fallback builds its own with plainer forms."""
   batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
   stacked_batch_sharding = sharding.stacked_batch_sharding(mesh)
-  schedule = optimizer.learning_rate_schedule(config)
-  one_vector = optimizer.state_is_whole_on_each_device(config)
-  align_rows = aligns_rows(mesh)
   # Traced knowing their devices' platform: on a CPU mesh, the CPU's forms alone.
   platform = mesh.devices.flat[0].platform
   for_mesh = functools.partial(devices.traced_for, platform)
-  step_fn = jax.jit(
-      functools.partial(for_mesh(train_step.train_step), model=model,
-                        label_smoothing=config.label_smoothing, schedule=schedule,
-                        one_vector=one_vector, align_rows=align_rows),
-      in_shardings=(state_sharding, batch_sharding, replicated),
-      out_shardings=(state_sharding, replicated), donate_argnums=0)
-  steps_fn = jax.jit(
-      functools.partial(for_mesh(train_step.train_steps), model=model,
-                        label_smoothing=config.label_smoothing, schedule=schedule,
-                        one_vector=one_vector, align_rows=align_rows),
-      in_shardings=(state_sharding, stacked_batch_sharding, replicated, replicated),
-      out_shardings=(state_sharding, replicated), donate_argnums=0)
-  accumulate_fn = jax.jit(functools.partial(for_mesh(train_step.accumulate_step), model=model,
-                                            label_smoothing=config.label_smoothing,
-                                            align_rows=align_rows),
-                          donate_argnums=0)
-  apply_fn = jax.jit(functools.partial(for_mesh(train_step.apply_gradient_sums), schedule=schedule,
-                                        one_vector=one_vector),
-                     out_shardings=(state_sharding, replicated), donate_argnums=(0, 1))
-  eval_fn = jax.jit(functools.partial(for_mesh(train_step.eval_step), model=model,
-                                      label_smoothing=config.label_smoothing,
-                                      align_rows=align_rows))
-  return TrainingPrograms(step_fn, steps_fn, accumulate_fn, apply_fn, eval_fn)
+
+  def build(config_):
+    model_ = model if config_ is config else train_step.make_model(
+        config_, mesh.devices.flat[0], mesh.devices.size)
+    schedule = optimizer.learning_rate_schedule(config_)
+    common = dict(model=model_, label_smoothing=config_.label_smoothing,
+                  forms=step_forms(config_, mesh))
+    step = dict(common, schedule=schedule)
+    return {
+        "step_fn": jax.jit(functools.partial(for_mesh(train_step.train_step), **step),
+                           in_shardings=(state_sharding, batch_sharding, replicated),
+                           out_shardings=(state_sharding, replicated), donate_argnums=0),
+        "steps_fn": jax.jit(functools.partial(for_mesh(train_step.train_steps), **step),
+                            in_shardings=(state_sharding, stacked_batch_sharding, replicated,
+                                          replicated),
+                            out_shardings=(state_sharding, replicated), donate_argnums=0),
+        "accumulate_fn": jax.jit(functools.partial(for_mesh(train_step.accumulate_step),
+                                                   **common), donate_argnums=0),
+        "apply_fn": jax.jit(functools.partial(for_mesh(train_step.apply_gradient_sums),
+                                              schedule=schedule, forms=common["forms"]),
+                            out_shardings=(state_sharding, replicated), donate_argnums=(0, 1)),
+        "eval_fn": jax.jit(functools.partial(for_mesh(train_step.eval_step), **common)),
+    }
+
+  forms = FormFallback(config, build, "training")
+  return TrainingPrograms(**{name: Program(name, forms) for name in forms.functions},
+                          forms=forms)
+
+
+def plain_model(model):
+  """`model` (a Transformer) with its own forms plain: the model block's fields of
+  PLAIN_FORMS."""
+  from aiayn_flax import model as model_lib
+  import ml_collections
+  fields = {f.split(".", 1)[1]: v for f, v in PLAIN_FORMS.items() if f.startswith("model.")}
+  return model_lib.Transformer(ml_collections.FrozenConfigDict(model.config.to_dict() | fields))
+
+
+class DecodingWithFallback:
+  """A decoding function (params, inputs) -> outputs made by `make(model)`, as jax.jit's, that
+  is made again from plain_model(model) where it does not compile (evaluate.py, translate.py,
+  training's validation BLEU), with one warning."""
+
+  def __init__(self, model, make):
+    self._model, self._make = model, make
+    self.jitted, self.fell_back = make(model), False
+
+  def lower(self, *args):
+    return self.jitted.lower(*args)
+
+  def __call__(self, *args):
+    try:
+      return self.jitted(*args)
+    except Exception as error:  # noqa: BLE001 - told apart below
+      if self.fell_back or is_device_memory_error(error):
+        raise
+      model_forms = {f.split(".", 1)[1]: v for f, v in PLAIN_FORMS.items()
+                     if f.startswith("model.")}
+      switched = [key for key, plain in model_forms.items()
+                  if self._model.config.get(key, "auto") != plain]
+      if not switched or not self._does_not_compile(args):
+        raise
+      logging.warning(
+          "decoding did not compile with %s (%s); going on with %s: set --config.%s to start "
+          "so (docs/TRAIN.md, the GPU forms)",
+          ", ".join(f"model.{k}={self._model.config.get(k, 'auto')}" for k in switched),
+          error_line(error), ", ".join(f"model.{k}={model_forms[k]}" for k in switched),
+          " --config.".join(f"model.{k}={model_forms[k]}" for k in switched))
+      self.jitted, self.fell_back = self._make(plain_model(self._model)), True
+    return self.jitted(*args)
+
+  def _does_not_compile(self, args) -> bool:
+    try:
+      self.jitted.lower(*args).compile()
+    except Exception:  # noqa: BLE001
+      return True
+    return False

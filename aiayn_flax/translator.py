@@ -21,7 +21,7 @@ from absl import logging
 from flax import traverse_util
 from jax.experimental import multihost_utils
 
-from aiayn_flax import decoding, devices as devices_lib, model as model_lib, sharding
+from aiayn_flax import decoding, devices as devices_lib, model as model_lib, programs, sharding
 from aiayn_flax.data import vocabulary
 
 LENGTH_QUANTUM = 16
@@ -163,9 +163,11 @@ class Translator:
     self.batch_size, self.max_tokens = batch_size, max_tokens
     self.max_positions = max_positions
     self.num_results = num_results
-    self._decode = make_decode_fn(model, beam_size, alpha, extra_length, num_results,
-                                  constraint_for, sharding.data_parallel_size(self.mesh), compact,
-                                  platform=self.mesh.devices.flat[0].platform)
+    self._decode = programs.DecodingWithFallback(model, functools.partial(
+        make_decode_fn, beam_size=beam_size, alpha=alpha, extra_length=extra_length,
+        num_results=num_results, constraint_for=constraint_for,
+        devices=sharding.data_parallel_size(self.mesh), compact=compact,
+        platform=self.mesh.devices.flat[0].platform))
     self.extra_length = extra_length
 
   @property

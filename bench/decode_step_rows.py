@@ -111,7 +111,7 @@ def attention_forms(batch: int, heads: int, d_k: int, beams: int) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from aiayn_flax import attention
+  from aiayn_flax.attention import forms
   rng = np.random.default_rng(0)
   slots = CACHE_LENGTH * beams
   q = jnp.asarray(rng.normal(size=(batch, beams, heads, d_k)), jnp.float32)
@@ -121,8 +121,8 @@ def attention_forms(batch: int, heads: int, d_k: int, beams: int) -> dict:
   # Each form reads the cache layout attention.py keeps for it.
   dots_inputs = (q, keys, jnp.swapaxes(values, 2, 3), mask)
   products_inputs = (q, jnp.swapaxes(keys, 2, 3), values, mask)
-  dots = jax.jit(attention._decoding_attention)  # noqa: SLF001
-  products = jax.jit(attention._beam_attention)  # noqa: SLF001
+  dots = jax.jit(lambda *a: forms.decoding_step(*a, None))
+  products = jax.jit(lambda *a: forms.beam(*a, None))
   return {"batched dots": lambda: [dots(*dots_inputs) for _ in range(FLAGS.steps)][-1],
           "broadcast products": lambda: [products(*products_inputs)
                                          for _ in range(FLAGS.steps)][-1]}

@@ -121,18 +121,16 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   import numpy as np
 
   from aiayn_flax.planning import dry_run, flops
-  from aiayn_flax import loss, optimizer, programs, sharding, train_step
+  from aiayn_flax import loss, programs, sharding, train_step
   if target_logit != "auto":  # one form forced, to time the two against each other
     loss.target_logit = getattr(loss, f"target_logit_by_{target_logit}")
-  if forms == "before":  # as bench/gpu_census.py's "before"
-    from aiayn_flax import attention as attention_module  # not the argument's name
-    from aiayn_flax import model as model_module
-    (loss.FORM, optimizer.FORM, attention_module.DROPOUT_SEEDS, model_module.GPU_LAYER_NORM,
-     train_step.ALIGNED_TOKENS) = ("reductions", "per_array", "make_rng", "flax", 0)
+  from bench.gpu_census import set_forms
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
-  config.model.attention_implementation = (
-      "written_out" if forms == "before" and attention == "auto" else attention)
+  if forms == "before":  # as bench/gpu_census.py's "before"
+    set_forms(config, "before")
+  if attention != "auto":
+    config.model.attention_implementation = attention
   config.mfu = config.mfu or dry_run.ASSUMED_MFU  # the plan's assumption, not what this measures
   plan = dry_run.plan(config)  # for the local devices, "auto" dtype resolved for them
   config.model.dtype = plan["compute_dtype"]

@@ -43,11 +43,16 @@ SIZES = {"quickstart": ("configs.multi30k", 8), "quickstart_128": ("configs.mult
          "base": ("configs.base", 32)}
 
 
-def set_forms(form: str) -> None:
-  from aiayn_flax import attention, loss, model, optimizer, train_step
-  (loss.FORM, optimizer.FORM, attention.DROPOUT_SEEDS, train_step.ALIGNED_TOKENS,
-   model.GPU_LAYER_NORM) = {"before": ("reductions", "per_array", "make_rng", 0, "flax"),
-                            "after": ("auto", "auto", "one_key", 256, "one_pass")}[form]
+def set_forms(config, form: str) -> None:
+  """`config`'s forms as of `form`: "before" the plain forms of before 2026-11-28 (and a
+  threefry fold per dropout layer), "after" today's defaults."""
+  from aiayn_flax import programs
+  from aiayn_flax.attention import dropout
+  if form == "before":
+    for field, value in programs.PLAIN_FORMS.items():
+      *block, key = field.split(".")
+      (config[block[0]] if block else config)[key] = value
+  dropout.DROPOUT_SEEDS = {"before": "make_rng", "after": "one_key"}[form]
 
 
 def census_row(size: str, form: str) -> dict:
@@ -57,8 +62,7 @@ def census_row(size: str, form: str) -> dict:
   module, length = SIZES[size]
   config = importlib.import_module(module).get_config()
   config.steps_per_call = 1
-  config.model.attention_implementation = {"before": "written_out", "after": "auto"}[form]
-  set_forms(form)
+  set_forms(config, form)
   start = time.perf_counter()
   text, shape, compiled = kernel_census.train_step_hlo(config, FLAGS.target, length)
   seconds = time.perf_counter() - start

@@ -46,12 +46,16 @@ def model_config(**overrides):
       num_layers=6,  # N, for the encoder and the decoder stacks alike
       dropout_rate=0.1,  # P_drop: sublayer outputs and embeddings + positions (5.4)
       attention_dropout_rate=0.0,  # not in the paper; tensor2tensor's option
-      # training's attention: "auto" (Pallas's Triton kernels on one GPU of
-      # compute capability >= 8.0, else written out: attention.training_implementation),
+      # training's attention (aiayn_flax/attention/backends.py; docs/TRAIN.md's table of
+      # forms): "auto" (per call, the best form that serves it: Pallas's Triton kernels on one
+      # GPU of compute capability >= 8.0 where its shared memory suffices, else written out),
       # "written_out" (equation 1 as jnp ops, on every backend), "pallas", or
       # jax.nn.dot_product_attention with implementation "cudnn" (a fused kernel, GPUs only,
-      # to be decided on a GPU: docs/PERFORMANCE.md) or "xla"; decoding always writes it out
+      # to be decided on a GPU) or "xla"; inference and decoding always write it out
       attention_implementation="auto",
+      # the residual blocks' layer norm: "auto" (its backward written out on a GPU,
+      # flax.linen.LayerNorm's operations elsewhere), "flax" or "one_pass" everywhere
+      layer_norm_implementation="auto",
       # not in the paper: the share of source tokens replaced by <unk> in training (word
       # dropout on the input, as parsers trained on small treebanks use it)
       source_token_dropout_rate=0.0,
@@ -122,6 +126,16 @@ def get_config(row: str = ""):
   c.adam_b2 = 0.98
   c.adam_eps = 1e-9
   c.label_smoothing = label_smoothing
+
+  # The training step's GPU forms (docs/TRAIN.md's table): "auto" takes each where it is
+  # compiled for a GPU and the plain form on a CPU or TPU. A form that fails to compile on the
+  # local GPU falls back to its plain form with one warning (programs.py). The loss: "fused"
+  # (one pass over the logits) or "reductions"; the optimizer's finite check and gradient norm:
+  # "one_vector" (over all gradients at once) or "per_array" (optax's); empty rows appended to
+  # a batch on one GPU so that rows x length is a multiple of this many tokens (0: never).
+  c.loss_implementation = "auto"
+  c.optimizer_implementation = "auto"
+  c.aligned_row_tokens = 256
 
   # Batching (5.1): about 25000 source and 25000 target tokens per optimizer step.
   c.tokens_per_batch = 25000

@@ -3,7 +3,6 @@ CPU's compiled step is still the CPU's form, a TPU's lowered loss the reductions
 no more kernels than bench/gpu_census.py counted (docs/PERFORMANCE.md)."""
 import functools
 import re
-import types
 
 import jax
 import jax.numpy as jnp
@@ -12,13 +11,6 @@ import pytest
 
 from aiayn_flax.planning import kernel_census
 from aiayn_flax import loss, optimizer
-
-
-@pytest.fixture
-def forms():
-  """Restores the modules' forms after a test forces one."""
-  yield
-  loss.FORM, optimizer.FORM = "auto", "auto"
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -68,10 +60,9 @@ def _state_and_gradients():
 
 def _three_updates(config, state, gradients, form):
   from aiayn_flax import train_step
-  optimizer.FORM = form
   apply = jax.jit(functools.partial(train_step.apply_gradient_sums,
                                     schedule=optimizer.learning_rate_schedule(config),
-                                    one_vector=True))
+                                    forms=train_step.StepForms(optimizer=form)))
   norms = []
   for g in gradients:
     state, metrics = apply(state, g, {"tokens": jnp.float32(7.0)})
@@ -79,13 +70,16 @@ def _three_updates(config, state, gradients, form):
   return state, norms
 
 
-def test_adam_on_one_vector_equals_adam_per_array_with_a_skipped_update(forms):
+def test_adam_on_one_vector_equals_adam_per_array_with_a_skipped_update():
   config, state, gradients = _state_and_gradients()
   per_array, norms = _three_updates(config, state, gradients, "per_array")
+  config.optimizer_implementation = "one_vector"  # the state's optimizer checks on one vector
+  state = state.replace(tx=optimizer.make_optimizer(config))
   one_vector, vector_norms = _three_updates(config, state, gradients, "one_vector")
   assert int(per_array.opt_state.total_notfinite) == int(one_vector.opt_state.total_notfinite) == 1
   assert int(one_vector.opt_state.inner_state[0].count) == 2  # Adam counted the applied two
-  assert jax.tree.structure(one_vector) == jax.tree.structure(per_array)  # same checkpoints
+  assert jax.tree.structure(one_vector.opt_state) == jax.tree.structure(
+      per_array.opt_state)  # the same checkpoints
   # The same elementwise arithmetic, which XLA compiles into other fusions (a division may
   # become a multiplication by a reciprocal): equal within a few float32 ulps.
   for a, b in zip(jax.tree.leaves((one_vector.params, one_vector.opt_state)),
@@ -111,25 +105,29 @@ def instructions(compiled) -> list[str]:
           for line in compiled.as_text().splitlines() if " = " in line]
 
 
-def test_the_cpu_step_is_the_cpu_forms(forms):
+def test_the_cpu_step_is_the_cpu_forms():
   """Nothing changed on the CPU: its compiled training step is the one with the forms forced
-  to the CPU's (the loss by reductions, Adam per array), instruction for instruction (names'
-  numbers aside)."""
+  to the CPU's (the loss by reductions, Adam per array, flax's layer norm), instruction for
+  instruction (names' numbers aside); each config field of a form takes effect."""
   from aiayn_flax import train_step
   config, state, _ = _state_and_gradients()
-  model = train_step.make_model(config)
   batch = {k: np.full((4, 8), 5, np.int32) for k in ("inputs", "targets")}
 
-  def optimized_program(loss_form, optimizer_form):
-    loss.FORM, optimizer.FORM = loss_form, optimizer_form
-    step = jax.jit(functools.partial(train_step.train_step, model=model, label_smoothing=0.1,
-                                     schedule=optimizer.learning_rate_schedule(config),
-                                     one_vector=True))
-    return instructions(step.lower(state, batch, train_step.dropout_key(0)).compile())
+  def optimized_program(loss_form, optimizer_form, layer_norm_form):
+    config.model.layer_norm_implementation = layer_norm_form
+    config.optimizer_implementation = optimizer_form
+    step = jax.jit(functools.partial(
+        train_step.train_step, model=train_step.make_model(config), label_smoothing=0.1,
+        schedule=optimizer.learning_rate_schedule(config),
+        forms=train_step.StepForms(loss=loss_form, optimizer=optimizer_form)))
+    stepped = state.replace(tx=optimizer.make_optimizer(config))
+    return instructions(step.lower(stepped, batch, train_step.dropout_key(0)).compile())
 
-  chosen = optimized_program("auto", "auto")
-  assert chosen == optimized_program("reductions", "per_array")
-  assert chosen != optimized_program("fused", "one_vector")
+  chosen = optimized_program("auto", "auto", "auto")
+  assert chosen == optimized_program("reductions", "per_array", "flax")
+  for forms in (("fused", "per_array", "flax"), ("reductions", "one_vector", "flax"),
+                ("reductions", "per_array", "one_pass")):
+    assert chosen != optimized_program(*forms), forms
 
 
 def test_programs_for_cpu_devices_trace_the_cpu_forms_alone_and_compile_the_same_step():
@@ -151,8 +149,8 @@ def test_programs_for_cpu_devices_trace_the_cpu_forms_alone_and_compile_the_same
   every_form = jax.jit(  # as training_programs builds it, without the platform known
       functools.partial(train_step.train_step, model=model,
                         label_smoothing=config.label_smoothing,
-                        schedule=optimizer.learning_rate_schedule(config), one_vector=True,
-                        align_rows=False),
+                        schedule=optimizer.learning_rate_schedule(config),
+                        forms=programs.step_forms(config, mesh)),
       in_shardings=(state_sharding, sharding.batch_sharding(mesh), replicated),
       out_shardings=(state_sharding, replicated), donate_argnums=0)
   assert "platform_index" not in str(jax.make_jaxpr(on_the_mesh)(state, batch, key))
@@ -172,7 +170,8 @@ def test_the_translators_decoding_on_cpu_devices_traces_the_cpu_forms_alone_and_
   model, rng = small_model(num_layers=1), np.random.default_rng(0)
   inputs = random_tokens(rng, 4, 16)
   params = init(model, jax.random.key(0), inputs, inputs[:, :5])["params"]
-  on_cpu = translator.Translator(model, params, None, extra_length=8)._decode.trace(params, inputs)
+  on_cpu = translator.Translator(model, params, None, extra_length=8)._decode.jitted.trace(
+      params, inputs)
   every_form = translator.make_decode_fn(model, 1, 0.6, 8).trace(params, inputs)
   assert "platform_index" not in str(on_cpu.jaxpr)
   assert "platform_index" in str(every_form.jaxpr)
@@ -180,7 +179,7 @@ def test_the_translators_decoding_on_cpu_devices_traces_the_cpu_forms_alone_and_
 
 
 @pytest.mark.slow
-def test_the_loss_is_compiled_in_one_pass_for_a_gpu_alone(forms):
+def test_the_loss_is_compiled_in_one_pass_for_a_gpu_alone():
   """platform_dependent picks the loss's form where it is compiled (deviceless, the `aot`
   extra): the one-pass form for a GPU, the reductions for a TPU (where XLA's cost analysis
   counted more bytes for it) and the CPU."""
@@ -191,12 +190,11 @@ def test_the_loss_is_compiled_in_one_pass_for_a_gpu_alone(forms):
   from aiayn_flax.planning import accelerator_targets
 
   def compiled(target, form):
-    loss.FORM = form
     devices = accelerator_targets.topology_devices(accelerator_targets.target(target))[:1]
     whole = NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec())
     logits = jax.ShapeDtypeStruct((4, 8, 64), jnp.bfloat16, sharding=whole)
     targets = jax.ShapeDtypeStruct((4, 8), jnp.int32, sharding=whole)
-    grad = jax.jit(jax.grad(lambda x, t: loss.label_smoothed_nll(x, t, 0.1)[0]))
+    grad = jax.jit(jax.grad(lambda x, t: loss.label_smoothed_nll(x, t, 0.1, form)[0]))
     text = grad.lower(logits, targets).compile().as_text()
     return [re.sub(r"\.\d+\b", "", line.split(", metadata=")[0]) for line in text.splitlines()
             if " = " in line]
@@ -230,12 +228,13 @@ def test_the_gpu_step_launches_at_most_the_censused_kernels():
 
 def test_rows_are_aligned_to_256_tokens_where_that_adds_at_most_an_eighth():
   from aiayn_flax import train_step
-  assert train_step.aligned_rows(343, [8, 8]) == 352
-  assert train_step.aligned_rows(976, [32, 32]) == 976  # base: aligned already
-  assert train_step.aligned_rows(21, [128, 128]) == 22
-  assert train_step.aligned_rows(90, [24, 32]) == 96  # 96 x 24 and 96 x 32: both multiples
-  assert train_step.aligned_rows(85, [24, 32]) == 85  # 96 would add 11
-  assert train_step.aligned_rows(100, [12, 12]) == 100  # 128 would add 28
+  aligned = functools.partial(train_step.aligned_rows, multiple=256)
+  assert aligned(343, [8, 8]) == 352
+  assert aligned(976, [32, 32]) == 976  # base: aligned already
+  assert aligned(21, [128, 128]) == 22
+  assert aligned(90, [24, 32]) == 96  # 96 x 24 and 96 x 32: both multiples
+  assert aligned(85, [24, 32]) == 85  # 96 would add 11
+  assert aligned(100, [12, 12]) == 100  # 128 would add 28
   assert train_step.aligned_rows(343, [8, 8], multiple=0) == 343
 
 
@@ -252,16 +251,16 @@ def test_aligned_rows_give_the_loss_gradients_and_metrics_of_the_batch_as_it_cam
   batch = {k: rng.integers(4, 64, (30, n)).astype(np.int32) for k, n in (("inputs", 8),
                                                                            ("targets", 16))}
   batch["inputs"][0, 5:] = batch["targets"][3, 7:] = 0  # padded at the end, as bucketed
-  assert train_step.with_aligned_rows(batch)["targets"].shape == (32, 16)
+  assert train_step.with_aligned_rows(batch, 256)["targets"].shape == (32, 16)
   model = train_step.make_model(config)
   params = train_step.init_params(model, 0)
   # Compiled, as the trainer runs them: op by op (each op compiled alone), this test and the
   # four of test_training_through_fused_attention_... took 49 s, compiled 30 s.
   run = jax.jit(functools.partial(train_step.loss_and_grads, model=model, label_smoothing=0.1),
-                static_argnames="align_rows")
-  dropout_key = train_step.dropout_key(0)
+                static_argnames="forms")
+  dropout_key, aligning = train_step.dropout_key(0), train_step.StepForms(aligned_tokens=256)
   (grads, metrics), (aligned_grads, aligned_metrics) = (
-      run(params, batch, dropout_key), run(params, batch, dropout_key, align_rows=True))
+      run(params, batch, dropout_key), run(params, batch, dropout_key, forms=aligning))
   assert float(aligned_metrics["tokens"]) == float(metrics["tokens"]) == float(
       (batch["targets"] != 0).sum())
   for key in ("loss_sum", "nll_sum"):
@@ -271,26 +270,29 @@ def test_aligned_rows_give_the_loss_gradients_and_metrics_of_the_batch_as_it_cam
     # (at most 5e-7 seen, where the gradients reach 10).
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6)
   evaluate = jax.jit(functools.partial(train_step.eval_step, model=model, label_smoothing=0.1),
-                     static_argnames="align_rows")
-  np.testing.assert_allclose(evaluate(params, batch, align_rows=True)["loss_sum"],
+                     static_argnames="forms")
+  np.testing.assert_allclose(evaluate(params, batch, forms=aligning)["loss_sum"],
                              evaluate(params, batch)["loss_sum"], rtol=1e-6)
 
 
-def test_rows_are_aligned_on_one_gpu_alone():
+def test_rows_are_aligned_on_one_gpu_alone_as_the_config_says():
   pytest.importorskip("jax_cuda12_plugin")
   from aiayn_flax import programs, sharding
   from aiayn_flax.planning import accelerator_targets
   from configs import base
   config = base.get_config()
-  for name, expected in (("gpu-h100x1", True), ("gpu-h100x8", False), ("tpu-v5e-1", False)):
+  for name, expected in (("gpu-h100x1", 256), ("gpu-h100x8", 0), ("tpu-v5e-1", 0)):
     devices_ = accelerator_targets.topology_devices(accelerator_targets.target(name))
     mesh = sharding.make_mesh(config.mesh, devices_, config.dcn_mesh)
-    assert programs.aligns_rows(mesh) is expected, name
-  assert not programs.aligns_rows(sharding.make_mesh(config.mesh, jax.devices()[:1]))
+    assert programs.aligned_tokens(config, mesh) == expected, name
+  assert not programs.aligned_tokens(config, sharding.make_mesh(config.mesh, jax.devices()[:1]))
+  config.aligned_row_tokens = 0  # read when the programs are built, not when a module loads
+  one_gpu = accelerator_targets.topology_devices(accelerator_targets.target("gpu-h100x1"))
+  assert programs.aligned_tokens(config, sharding.make_mesh(config.mesh, one_gpu)) == 0
 
 
 @pytest.mark.slow
-def test_the_gpu_update_copies_no_moments_at_base_widths(forms):
+def test_the_gpu_update_copies_no_moments_at_base_widths():
   """Base's widths with one layer (a proxy for base, which takes minutes to compile), compiled
   deviceless for one H100: the optimizer's update writes each moment in place. Adam on one
   raveled vector (the GPU form until 2026-11-28) left 67 copies of small moments here (131 in
@@ -354,40 +356,6 @@ ENTRY %main (a: bf16[4,8], b: bf16[8,2]) -> (f32[4]) {
       "sum", "r"]
 
 
-@pytest.mark.parametrize("implementation", ["xla", "pallas"])
-@pytest.mark.parametrize("pre_layer_norm", [False, True])
-def test_training_through_fused_attention_equals_the_written_out_attention(pre_layer_norm,
-                                                                           implementation):
-  """model.attention_implementation="xla" runs jax.nn.dot_product_attention with the masks as
-  the cuDNN path passes them (padding as key counts, the decoder's as is_causal); "pallas" runs
-  every attention through Pallas's flash-attention kernels (interpreted on the CPU: the
-  kernels a GPU compiles with Triton), lengths 7 and 9 padded to 16, the encoder's padding as
-  segment ids, cross-attention's as a column appended to the heads: the same training loss and
-  gradients as equation 1 written out, on right-padded batches.
-  ("cudnn" differs from "xla" only in the implementation argument, which needs a GPU.)"""
-  from aiayn_flax import train_step
-  from configs import toy
-  config = toy.get_config()
-  config.model.update(vocab_size=64, d_model=32, d_ff=64, num_heads=4, num_layers=2,
-                      dropout_rate=0.0, pre_layer_norm=pre_layer_norm)
-  rng = np.random.default_rng(5)
-  batch = {k: rng.integers(4, 64, (3, n)).astype(np.int32) for k, n in (("inputs", 7),
-                                                                          ("targets", 9))}
-  batch["inputs"][0, 5:] = batch["inputs"][2, 2:] = 0  # padded at the end, as bucketed
-  batch["targets"][1, 4:] = batch["targets"][2, 7:] = 0
-  results = []
-  for config.model.attention_implementation in ("written_out", implementation):
-    model = train_step.make_model(config)
-    params = train_step.init_params(model, 0)
-    compiled = jax.jit(functools.partial(train_step.loss_and_grads, model=model,
-                                         label_smoothing=0.1))  # compiled: see above
-    results.append(compiled(params, batch, train_step.dropout_key(0)))
-  (grads, metrics), (fused_grads, fused_metrics) = results
-  np.testing.assert_allclose(fused_metrics["loss_sum"], metrics["loss_sum"], rtol=1e-5)
-  for a, b in zip(jax.tree.leaves(fused_grads), jax.tree.leaves(grads)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-
-
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_the_layer_norm_is_flax_s_bit_for_bit_on_the_cpu_and_its_gpu_backward_agrees(dtype):
   """On the CPU (as on a TPU) model.LayerNorm is flax.linen.LayerNorm to the bit, values and
@@ -396,7 +364,7 @@ def test_the_layer_norm_is_flax_s_bit_for_bit_on_the_cpu_and_its_gpu_backward_ag
   import flax.linen as nn
   from aiayn_flax import model
   x = (jax.random.normal(jax.random.key(0), (3, 5, 16)) * 3 + 1).astype(dtype)
-  ours, flax_s = model._layer_norm(dtype), nn.LayerNorm(epsilon=1e-6, dtype=dtype)
+  ours, flax_s = model._layer_norm({}, dtype), nn.LayerNorm(epsilon=1e-6, dtype=dtype)
   params = nn.meta.unbox(ours.init(jax.random.key(1), x))
   assert jax.tree.map(jnp.shape, params) == jax.tree.map(
       jnp.shape, flax_s.init(jax.random.key(1), x))
@@ -415,49 +383,6 @@ def test_the_layer_norm_is_flax_s_bit_for_bit_on_the_cpu_and_its_gpu_backward_ag
   for a, b in zip(jax.tree.leaves(values_and_gradients(one_pass)), jax.tree.leaves(expected)):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                rtol=tolerance, atol=tolerance)
-
-
-def test_auto_attention_is_pallas_on_one_gpu_that_triton_compiles_for():
-  from aiayn_flax import attention
-  from aiayn_flax.planning import accelerator_targets
-  from configs import base
-  h100, t4 = (accelerator_targets.topology_devices(accelerator_targets.target(name))[0]
-              for name in ("gpu-h100x1", "gpu-t4x1"))
-  cpu = jax.devices("cpu")[0]
-  model = base.get_config().model
-  assert model.attention_implementation == "auto"
-  assert attention.training_implementation(model, h100, 1) == "pallas"
-  assert attention.training_implementation(model, h100, 8) == "written_out"  # gathered
-  assert attention.training_implementation(model, t4, 1) == "written_out"  # 7.5: no Triton
-  assert attention.training_implementation(model, cpu, 1) == "written_out"
-  rocm = types.SimpleNamespace(platform="gpu", compute_capability="gfx90a")
-  assert attention.training_implementation(model, rocm, 1) == "written_out"
-  for changes in ({"attention_dropout_rate": 0.1}, {"qk_dim": 32}):
-    changed = model.copy_and_resolve_references()
-    changed.update(changes)
-    assert attention.training_implementation(changed, h100, 1) == "written_out", changes
-  for requested, expected in (("pallas", "pallas_interpret"), ("written_out", "written_out")):
-    changed = model.copy_and_resolve_references()
-    changed.attention_implementation = requested
-    assert attention.training_implementation(changed, cpu, 1) == expected
-
-
-def test_pallas_lengths_are_powers_of_two_up_to_128_then_multiples_of_128():
-  from aiayn_flax import attention
-  assert [attention.pallas_length(n) for n in (1, 2, 3, 8, 9, 100, 128, 129, 256, 300)] == [
-      1, 2, 4, 8, 16, 128, 128, 256, 256, 384]
-
-
-def test_fused_attention_refuses_attention_dropout():
-  from aiayn_flax import train_step
-  from configs import toy
-  config = toy.get_config()
-  config.model.update(attention_implementation="cudnn", attention_dropout_rate=0.1)
-  model = train_step.make_model(config)
-  batch = np.full((2, 4), 5, np.int32)
-  with pytest.raises(ValueError, match="model.attention_dropout_rate=0"):
-    model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, batch, batch,
-               train=True)
 
 
 def test_every_gpu_kind_of_a_target_is_a_device_kind_with_its_memory():

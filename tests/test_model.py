@@ -8,7 +8,8 @@ from flax import linen as nn
 import numpy as np
 import pytest
 
-from aiayn_flax import attention, decoding, model as model_lib, translator
+from aiayn_flax import decoding, model as model_lib, translator
+from aiayn_flax.attention import forms
 from aiayn_flax.planning import flops
 from aiayn_flax.data import vocabulary
 from configs import base, big, multi30k
@@ -136,8 +137,8 @@ def test_beam_attention_computes_the_decoding_attention(beams):
   values = jnp.asarray(rng.normal(size=(batch, heads, slots, d_k)), jnp.float32)
   mask = rng.random((batch, 1, beams, slots)) < 0.4
   mask[..., 0] = True  # every hypothesis sees at least its first position
-  expected = attention._decoding_attention(q, keys, jnp.swapaxes(values, 2, 3), mask)
-  got = attention._beam_attention(q, jnp.swapaxes(keys, 2, 3), values, mask)
+  expected = forms.decoding_step(q, keys, jnp.swapaxes(values, 2, 3), mask, None)
+  got = forms.beam(q, jnp.swapaxes(keys, 2, 3), values, mask, None)
   assert got.shape == (batch, beams, heads, d_k)
   np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
 

@@ -27,6 +27,7 @@ from aiayn_flax.planning import accelerator_targets
 from aiayn_flax import devices, sharding, tasks, train_step, translator
 from aiayn_flax.data import bucketing
 from aiayn_flax.planning.dry_run import activation_bytes_per_token
+from aiayn_flax import programs as programs_lib
 from aiayn_flax.programs import training_programs
 
 HELPFUL_KEYS = ("a smaller --config.micro_batch_tokens_per_device (accumulates more micro-batches),"
@@ -35,6 +36,11 @@ HELPFUL_KEYS = ("a smaller --config.micro_batch_tokens_per_device (accumulates m
 
 class DoesNotFit(Exception):
   """One line: the program, the bytes it needs and the bytes available, the keys that help."""
+
+
+class DoesNotCompile(Exception):
+  """One line: a program that fails to compile for the target for another reason than the
+  device's memory (a kernel's shared memory, a lowering), with every form's fallback tried."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,17 +103,24 @@ def _flops(compiled, lowered_for_cpu, num_devices: int) -> float:
 
 
 def _compile(name, shape, function, args, num_devices) -> CompiledProgram:
+  """`function` compiled for `args`; a run's training program (programs.Program) falls back to
+  plainer forms where its own do not compile, as the trainer's would. DoesNotFit where the
+  device's memory overflows; DoesNotCompile (saying it is not memory) where a kernel or the
+  lowering fails."""
   try:
-    compiled = function.lower(*args).compile()
-  except jax.errors.JaxRuntimeError as e:
-    if "RESOURCE_EXHAUSTED" not in str(e):
-      raise
+    compiled = (function.compile(*args) if isinstance(function, programs_lib.Program)
+                else function.lower(*args).compile())
+  except Exception as e:  # noqa: BLE001 - told apart below
+    if not programs_lib.is_device_memory_error(e):
+      raise DoesNotCompile(f"{name} ({shape}) does not compile for this target, and not for "
+                           f"its memory: {programs_lib.error_line(e)}; every GPU form is "
+                           "switched by a config field (docs/TRAIN.md, the GPU forms)") from e
     # libtpu 0.0.42: "... required for HLO temporaries (42.08G) exceeds available HBM (15.75G)"
     sizes = re.search(r"\(([\d.]+[KMGT]?)\) exceeds available HBM \(([\d.]+[KMGT]?)\)", str(e))
     detail = (f"needs more than {sizes.group(1)}B per device, {sizes.group(2)}B HBM available"
               if sizes else str(e).splitlines()[0][:200])
-    raise DoesNotFit(f"{name} ({shape}) {detail} (XLA: RESOURCE_EXHAUSTED); try "
-                     f"{HELPFUL_KEYS}") from None
+    raise DoesNotFit(f"{name} ({shape}) {detail} (XLA: RESOURCE_EXHAUSTED, the device's "
+                     f"memory); try {HELPFUL_KEYS}") from None
   memory = compiled.memory_analysis()
   unsharded = tuple(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), a)
                     if a is not None else None for a in args)
@@ -311,7 +324,9 @@ def compile_run(config, target_name: str,
           "accumulation_steps": accumulation, "programs": compiled, "largest": largest,
           "device_memory": kind.memory_bytes, "usable_device_memory": usable,
           "compiled_flops_per_optimizer_step": _flops_per_optimizer_step(compiled, accumulation),
-          "fits": largest.memory_bytes <= usable, **decoding_memory}
+          "fits": largest.memory_bytes <= usable,
+          "forms_fallen_back": ", ".join(compiler.programs.forms.fell_back) or "none",
+          **decoding_memory}
 
 
 def _shard_bytes(tree, shardings) -> int:
@@ -386,6 +401,7 @@ def plan_lines(result: dict) -> list[str]:
             f"device_memory: {result['device_memory']}",
             f"usable_device_memory: {result['usable_device_memory']}",
             f"fits: {'yes' if result['fits'] else 'no'}",
+            f"forms_fallen_back: {result['forms_fallen_back']} (docs/TRAIN.md, the GPU forms)",
             *(f"{key}: {result[key]}" for key in (
                 "state_bytes_per_device", "decode_copy_bytes_per_device",
                 "compiled_memory_while_decoding", "compiled_memory_training_with_decode_copy")

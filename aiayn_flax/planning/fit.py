@@ -25,7 +25,7 @@ import math
 import jax
 from absl import logging
 
-from aiayn_flax import devices, sharding, train_step
+from aiayn_flax import devices, programs as programs_lib, sharding, train_step
 from aiayn_flax.data import bucketing
 from aiayn_flax.planning import accelerator_targets, compiled_plan, dry_run
 
@@ -134,7 +134,7 @@ def _choose(config, mesh, usable, where, kind) -> Fit:
     accumulation = compiler.accumulation(config)
     trial = _trial(compiler, config, accumulation)
     fits = trial.fits(usable)
-    return Fit(config, accumulation, fits,
+    return Fit(_with_forms_compiled(config, compiler), accumulation, fits,
                f"on {where}: --config.micro_batch_tokens_per_device={given} given, which wins "
                f"(nothing chosen): {trial.text(usable)}"
                + ("" if fits else "; a larger accumulation (a smaller value), a model axis in "
@@ -181,8 +181,14 @@ def _choose(config, mesh, usable, where, kind) -> Fit:
     choice = (f"{fitting} micro-batches of {chosen.micro_batch_tokens_per_device} padded tokens "
               f"per device (micro_batch_tokens_per_device={chosen.micro_batch_tokens_per_device}"
               f"), {config.tokens_per_batch} real tokens a step as configured")
-  return Fit(_with_accumulation(config, fitting, data_shards), fitting, True,
-             f"on {where}: tried {tried}; chose {choice}", chosen)
+  return Fit(_with_forms_compiled(_with_accumulation(config, fitting, data_shards), compiler),
+             fitting, True, f"on {where}: tried {tried}; chose {choice}", chosen)
+
+
+def _with_forms_compiled(config, compiler):
+  """`config` with the plain forms its compiles fell back to (programs.FormFallback), so that
+  the trainer builds what compiled, without trying the failing form again."""
+  return programs_lib.with_plain_forms(config, compiler.programs.forms.fell_back)
 
 
 def _trial(compiler, config, accumulation: int) -> Trial:

@@ -25,7 +25,11 @@ SAFE_TO_CHANGE_ON_RESUME = frozenset({
     # How attention is computed, not what: the same parameters and function
     # (tests/test_gpu_step.py), and "auto" resolves per device anyway; so a run saved before
     # "auto" became the default resumes.
-    "model.attention_implementation"})
+    "model.attention_implementation",
+    # The other GPU forms likewise: the same function in other kernels; a run that fell back
+    # from one (programs.py) resumes with either
+    "model.layer_norm_implementation", "loss_implementation", "optimizer_implementation",
+    "aligned_row_tokens"})
 # Fields that may differ on resume when the batches are checked to be the same (the batch plan
 # saved with each checkpoint): where the prepared tfds data lives (a bucket in place of process
 # 0's boot disk, say).

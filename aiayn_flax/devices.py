@@ -131,6 +131,16 @@ def compute_dtype(requested: str, kind_: DeviceKind) -> str:
   return "bfloat16" if kind_.bfloat16_units else "float32"
 
 
+def dtype_refusal(requested: str, kind_: DeviceKind) -> str:
+  """Why model.dtype `requested` is refused on `kind_`, or "": bfloat16 on a GPU without
+  bfloat16 units (T4, V100, P100), where XLA would run it through float32 at no gain and with
+  bfloat16's roundings. A CPU runs it (tests of the bfloat16 forms)."""
+  if requested == "bfloat16" and not kind_.bfloat16_units and kind_.name != "cpu":
+    return (f"config.model.dtype=bfloat16: the {kind_.description} has no bfloat16 units; "
+            "set auto (float32 there) or float32")
+  return ""
+
+
 def _has_bfloat16_units(device) -> bool:
   """For a device the table lacks: TPUs have them; CUDA GPUs from compute capability 8.0."""
   if device.platform == "tpu":

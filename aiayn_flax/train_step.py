@@ -25,7 +25,10 @@ def make_model(config, device=None, device_count: int | None = None) -> model_li
   target's device and count."""
   device = device or jax.devices()[0]
   model = config.model.to_dict()
-  model["dtype"] = devices.compute_dtype(model["dtype"], devices.local_kind(device))
+  kind = devices.local_kind(device)
+  if devices.dtype_refusal(model["dtype"], kind):
+    raise ValueError(devices.dtype_refusal(model["dtype"], kind))
+  model["dtype"] = devices.compute_dtype(model["dtype"], kind)
   model["attention_target"] = backends.target_of(
       device, jax.device_count() if device_count is None else device_count).text()
   return model_lib.Transformer(ml_collections.FrozenConfigDict(model))

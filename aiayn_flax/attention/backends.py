@@ -96,21 +96,23 @@ def target_of(device, device_count: int) -> Target:
   return Target(device.platform, capability, device_count)
 
 
-# Pallas's shared memory per block, measured by compiling its kernels deviceless for an H100
-# (compute capability 9.0, the most of the targets: an A100's and an L4's are below;
-# docs/PERFORMANCE.md, bench/attention_kernels.py): the forward kernel's K and V tiles, two
-# pipeline stages of them, are 16 bytes x block x padded head width in float32 and 10 in
-# bfloat16 when a row spans several blocks (4 in one block); the backward kernel's, in its
-# blocks of 32, at most 512 bytes x head width + 256.
+# Pallas's shared memory per block, measured by compiling its kernels deviceless
+# (bench/attention_kernels.py; docs/records/pallas_shared_memory.json) for an H100 (compute
+# capability 9.0, the most of the targets: an A100's and an L4's are below): the forward
+# kernel's K and V tiles, two pipeline stages of them, are 16 bytes x block x padded head width
+# in float32 and 10 in bfloat16 when a row spans several blocks (4 in one block); the backward
+# kernel's, in its blocks of 32, at most 512 bytes x head width; the segment ids and the
+# kernels' small buffers take less than 2 KiB besides.
 def pallas_shared_memory(block: int, head: int, dtype: str, length: int) -> int:
   """Bytes of shared memory per block that Pallas's kernels ask at `block` rows, for rows of
-  `length` (padded as forms.pallas_length) and heads `head` wide (padded to a power of two)."""
+  `length` (padded as forms.pallas_length) and heads `head` wide (padded to a power of two):
+  an upper bound of what Triton asked in every kernel measured."""
   head = 1 << (head - 1).bit_length()
   length = forms.pallas_length(length)
   block = min(block, length)
   forward = (4 if block == length else 16 if dtype == "float32" else 10) * block * head
-  backward = 512 * head + 256
-  return max(forward, backward)
+  backward = 512 * head
+  return max(forward, backward) + 2048
 
 
 PALLAS_BLOCKS = (128, 64, 32)

@@ -103,6 +103,15 @@ def get_config(row: str = ""):
       mix_split="",
       mix_ratio=0.0,
       mix_epochs=0,
+      # Subword regularization (data/subword_sampling.py; Kudo 2018): each training epoch's
+      # pairs segmented by sampling from the vocabulary's lattice, seeded by (seed, epoch);
+      # 0 is off, the plain segmentation (the paper's). With a unigram vocabulary alpha is the
+      # smoothing exponent (0.1-0.5 in the paper; lower samples more) and nbest the n best
+      # segmentations sampled among (-1: the whole lattice); with BPE, alpha is BPE-dropout's
+      # probability. sides: "both", "source" or "target". docs/TRAIN.md.
+      subword_sampling_alpha=0.0,
+      subword_sampling_nbest=-1,
+      subword_sampling_sides="both",
       # Parsing's silver trees (python -m aiayn_flax.parsing.silver), the split "silver" that
       # configs/parsing_silver.py mixes in: comma-separated .silver.jsonl files, and the
       # confidences a tree needs (0 / -100: no threshold; chosen on validation). Here so that

@@ -15,8 +15,7 @@ ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": F
                 "dataset.silver_min_agreement": 0.0,
                 "dataset.silver_min_log_prob_per_word": -100.0,
                 "model.attention_implementation": "written_out", "device_memory_bytes": 0,
-                "dataset.subword_sampling_alpha": 0.0, "dataset.subword_sampling_nbest": -1,
-                "dataset.subword_sampling_sides": "both"}
+                "dataset.subword_sampling_alpha": 0.0, "dataset.subword_sampling_sides": "both"}
 
 
 def with_added_fields(saved: dict) -> dict:
@@ -114,17 +113,14 @@ def check_config(config) -> None:
   _check(dataset.bucket_quantum >= 1, "dataset.bucket_quantum", dataset.bucket_quantum,
          "must be a positive integer")
   if alpha := dataset.get("subword_sampling_alpha", 0.0):
-    _check(alpha > 0 and (dataset.vocab_model_type != "bpe" or alpha < 1),
-           "dataset.subword_sampling_alpha", alpha, "must be 0 (off) or positive, and below 1 "
-           "with a BPE vocabulary (its dropout probability)")
-    _check(dataset.subword_sampling_nbest == -1 or dataset.subword_sampling_nbest > 1,
-           "dataset.subword_sampling_nbest", dataset.subword_sampling_nbest,
-           "must be -1 (the whole lattice) or above 1")
+    _check(alpha > 0, "dataset.subword_sampling_alpha", alpha, "must be 0 (off) or positive")
     _check(dataset.subword_sampling_sides in ("both", "source", "target"),
            "dataset.subword_sampling_sides", dataset.subword_sampling_sides,
            "must be 'both', 'source' or 'target'")
-    _check(dataset.name != "toy_reverse", "dataset.subword_sampling_alpha", alpha,
-           "must be 0 for toy_reverse (its symbols have no subword lattice)")
+    _check(dataset.vocab_model_type == "unigram" and dataset.name != "toy_reverse",
+           "dataset.vocab_model_type", dataset.vocab_model_type, "must be 'unigram' (a "
+           "SentencePiece lattice to sample from) with dataset.subword_sampling_alpha="
+           f"{alpha}")
   if dataset.get("mix_split"):
     _check(dataset.mix_ratio > 0, "dataset.mix_ratio", dataset.mix_ratio,
            f"must be > 0 with dataset.mix_split={dataset.mix_split!r}")

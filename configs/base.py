@@ -104,13 +104,11 @@ def get_config(row: str = ""):
       mix_ratio=0.0,
       mix_epochs=0,
       # Subword regularization (data/subword_sampling.py; Kudo 2018): each training epoch's
-      # pairs segmented by sampling from the vocabulary's lattice, seeded by (seed, epoch);
-      # 0 is off, the plain segmentation (the paper's). With a unigram vocabulary alpha is the
-      # smoothing exponent (0.1-0.5 in the paper; lower samples more) and nbest the n best
-      # segmentations sampled among (-1: the whole lattice); with BPE, alpha is BPE-dropout's
-      # probability. sides: "both", "source" or "target". docs/TRAIN.md.
+      # pairs segmented anew, sampled from the unigram vocabulary's whole lattice with
+      # probability P(segmentation)^alpha, a function of (seed, epoch); 0 is off, the plain
+      # segmentation (the paper's). Lower alpha samples more widely (0.1-0.5 in Kudo's paper).
+      # sides: "both", "source" or "target". docs/TRAIN.md#subword-regularization.
       subword_sampling_alpha=0.0,
-      subword_sampling_nbest=-1,
       subword_sampling_sides="both",
       # Parsing's silver trees (python -m aiayn_flax.parsing.silver), the split "silver" that
       # configs/parsing_silver.py mixes in: comma-separated .silver.jsonl files, and the

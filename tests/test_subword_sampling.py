@@ -6,12 +6,18 @@ On 2,000 Multi30k pairs (a user's own parallel text: configs/parallel_text.py) w
 """
 import hashlib
 import itertools
-import logging as std_logging
+import os
+import re
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from aiayn_flax import tasks
+from aiayn_flax.runtime import stops
+from conftest import REPO
 from aiayn_flax.data import bucketing, pipeline, subword_sampling, text_files
 from configs import parallel_text
 
@@ -22,28 +28,35 @@ TODAYS_PLAN = "8b3de6fdbaf4d35b8157eb06afa68864ad82d303535ecbcd95337e3df84127f0"
 
 
 @pytest.fixture(scope="module")
-def corpus(shared_data, tmp_path_factory):
-  """(config, vocabulary, task) of a tiny run on 2,000 Multi30k training pairs."""
+def corpus_files(shared_data, tmp_path_factory) -> str:
+  """configs/parallel_text.py's argument: 2,000 Multi30k training pairs, 40 validation ones."""
   folder = tmp_path_factory.mktemp("corpus")
   for stem, name, count in (("train", "train", 2000), ("val", "dev", 40)):
     for language in ("en", "de"):
       lines = text_files.read_lines(str(shared_data / "multi30k" / f"{stem}.{language}.gz"))
       (folder / f"{name}.{language}").write_text("".join(f"{line}\n" for line in lines[:count]),
                                                  "utf-8")
-  config = parallel_text.get_config(",".join(
-      str(folder / f"{name}.{language}") for name in ("train", "dev") for language in ("en", "de")))
+  return ",".join(str(folder / f"{name}.{language}") for name in ("train", "dev")
+                  for language in ("en", "de"))
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_files, tmp_path_factory):
+  """(config, vocabulary, task) of a tiny run on the 2,000 pairs."""
+  config = parallel_text.get_config(corpus_files)
   config.model.vocab_size = 500
   config.dataset.update(vocab_model_type="unigram", max_length=48, bucket_min_length=24,
                         bucket_growth=2.0)
   config.tokens_per_batch = 512
   task = tasks.for_config(config)
-  vocab = pipeline.vocabulary_for(config, str(folder / "run"), task)
+  vocab = pipeline.vocabulary_for(config, str(tmp_path_factory.mktemp("run")), task)
   return config, vocab, task
 
 
-def batches(corpus, alpha=0.0, **fields):
+def batches(corpus, alpha=0.0, seed=None, **fields):
   config, vocab, task = corpus
   config = config.copy_and_resolve_references()
+  config.seed = config.seed if seed is None else seed
   if alpha:
     config.dataset.subword_sampling_alpha = alpha
   config.dataset.update(fields)
@@ -73,25 +86,23 @@ def sampled(corpus):
   return stream, [stream.pairs(epoch) for epoch in (0, 1)]
 
 
-def test_the_same_seed_and_epoch_give_the_same_segmentations_on_any_thread(corpus, sampled):
+def test_the_same_seed_and_epoch_give_the_same_segmentations_and_the_same_text(corpus,
+                                                                               sampled):
   config, vocab, _ = corpus
   stream, epochs = sampled
-  again = batches(corpus, 0.2)  # another stream: its own threads, epoch 1 asked for first
+  again = batches(corpus, 0.2)  # built again, epoch 1 asked for first
   for side in (0, 1):
-    assert subword_sampling.ids_digest(again.pairs(1)[side]) == subword_sampling.ids_digest(
-        epochs[1][side])
+    assert subword_sampling.ids_digest(again.sampling.sample(1, side)) == (
+        subword_sampling.ids_digest(stream.sampling.sample(1, side)))
     assert list(map(list, epochs[0][side])) != list(map(list, epochs[1][side]))
-  setting = stream.sampling.setting
-  plain = stream.sources[:300]
-  one_thread, three_threads = (subword_sampling.sample_side(
-      vocab, plain, setting, config.seed, 1, 0, threads=threads) for threads in (1, 3))
-  assert list(map(list, one_thread)) == list(map(list, three_threads)) == list(
-      map(list, stream.sampling.pairs(1)[0][:300]))  # (as sampled: some too long to train on)
-  # The same text in other pieces, longer (alpha 0.2: about 1.3x on Multi30k, docs/TRAIN.md).
-  assert [vocab.decode(ids) for ids in one_thread] == [vocab.decode(ids) for ids in plain]
-  assert 1.1 < one_thread.lengths().sum() / plain.lengths().sum() < 1.6
-  other_seed = subword_sampling.sample_side(vocab, plain, setting, config.seed + 1, 1, 0)
-  assert list(map(list, other_seed)) != list(map(list, one_thread))
+  other_seed = batches(corpus, 0.2, seed=config.seed + 1).sampling.sample(1, 0)
+  assert subword_sampling.ids_digest(other_seed) != subword_sampling.ids_digest(
+      stream.sampling.sample(1, 0))
+  sources = stream.sampling.sample(1, 0)
+  # The same text in other pieces, longer (alpha 0.2: 1.32x on Multi30k, docs/TRAIN.md).
+  assert [vocab.decode(ids) for ids in sources] == [vocab.decode(ids) for ids in stream.sources]
+  assert 1.15 < sources.lengths().sum() / stream.sources.lengths().sum() < 1.5
+  assert [len(ids) for ids in sources] != [len(ids) for ids in stream.sources]
 
 
 def test_sampled_epochs_keep_the_plain_shapes_and_see_every_pair_once(corpus, sampled):
@@ -106,7 +117,7 @@ def test_sampled_epochs_keep_the_plain_shapes_and_see_every_pair_once(corpus, sa
     for boundary, indices in batch_list[:5]:
       assert stream.batch(boundary, indices, epoch)["inputs"].shape == (len(indices), boundary)
     # A sampled pair longer than max_length (48) is taken plain in that epoch, the rest sampled.
-    raw = stream.sampling.pairs(epoch)
+    raw = [stream.sampling.sample(epoch, side) for side in (0, 1)]
     too_long = np.maximum(raw[0].lengths(), raw[1].lengths()) > 48
     assert too_long.any() and lengths.max() <= 48
     for i in np.flatnonzero(too_long)[:5].tolist() + [int(np.argmin(too_long))]:
@@ -130,9 +141,9 @@ def test_the_plan_digest_names_the_setting_and_validation_is_never_sampled(corpu
   config, vocab, task = corpus
   stream, _ = sampled
   digests = {batches(corpus).plan_digest(), stream.plan_digest(),
-             batches(corpus, 0.5).plan_digest(), batches(corpus, 0.2, subword_sampling_nbest=64)
-             .plan_digest(), batches(corpus, 0.2, subword_sampling_sides="source").plan_digest()}
-  assert len(digests) == 5
+             batches(corpus, 0.5).plan_digest(),
+             batches(corpus, 0.2, subword_sampling_sides="source").plan_digest()}
+  assert len(digests) == 4
   source_only = batches(corpus, 0.2, subword_sampling_sides="source")
   sources, targets, _ = source_only.pairs(0)
   assert subword_sampling.ids_digest(targets) == subword_sampling.ids_digest(stream.targets)
@@ -142,3 +153,45 @@ def test_the_plan_digest_names_the_setting_and_validation_is_never_sampled(corpu
   validation = pipeline.batches_for_split(config, vocab, "validation", 1, shuffle=False,
                                           task=task)
   assert validation.sampling is None
+
+
+# A tiny model on the 2,000 pairs: an epoch is 16 steps of 2,048 tokens, so that a run killed
+# at step 12 resumes from step 8 into epoch 0 and crosses into epoch 1 (sampled anew) at 16.
+TINY_SAMPLED = [
+    "--config.device=cpu", "--config.model.vocab_size=500", "--config.model.d_model=32",
+    "--config.model.d_ff=64", "--config.model.num_heads=2", "--config.model.num_layers=1",
+    "--config.dataset.vocab_model_type=unigram", "--config.dataset.max_length=48",
+    "--config.dataset.bucket_min_length=24", "--config.dataset.bucket_growth=2.0",
+    "--config.tokens_per_batch=2048", "--config.num_train_steps=20",
+    "--config.checkpoint_every_steps=8", "--config.eval_every_steps=0",
+    "--config.log_every_steps=4", "--config.checkpoint_asynchronously=false",
+    "--config.dataset.subword_sampling_alpha=0.2"]
+SAMPLED_EPOCH = re.compile(r"epoch (\d+): subword segmentations sampled .* digest (\w+)")
+
+
+def train(corpus_files, workdir, signal_at=""):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  env.pop(stops.TEST_SIGNAL_VARIABLE, None)
+  if signal_at:
+    env[stops.TEST_SIGNAL_VARIABLE] = signal_at
+  return subprocess.run(
+      [sys.executable, "train.py", f"--workdir={workdir}",
+       f"--config=configs/parallel_text.py:{corpus_files}", *TINY_SAMPLED], cwd=REPO,
+      capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.mark.slow  # three train.py runs
+def test_sigkill_then_resume_gives_the_uninterrupted_sampled_run(corpus_files, tmp_path):
+  whole = train(corpus_files, tmp_path / "whole")
+  assert whole.returncode == 0, whole.stderr[-3000:]
+  killed = train(corpus_files, tmp_path / "killed", signal_at="SIGKILL:12")
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  resumed = train(corpus_files, tmp_path / "killed")
+  assert resumed.returncode == 0 and "Resumed from step 8 of" in resumed.stderr, (
+      resumed.stderr[-3000:])
+  digest = re.compile(r"^params_digest: (\w+)$", re.M)
+  assert digest.findall(resumed.stdout) == digest.findall(whole.stdout) != []
+  # Epoch 1 was sampled by the resumed process alone, as the uninterrupted run sampled it.
+  epochs = dict(SAMPLED_EPOCH.findall(whole.stderr))
+  assert sorted(epochs) == ["0", "1"] and epochs["0"] != epochs["1"]
+  assert dict(SAMPLED_EPOCH.findall(resumed.stderr)) == epochs

@@ -312,9 +312,8 @@ class TokenBucketedBatches:
       digest.update(json.dumps(sorted(self.side_lengths.items())).encode())
     if self.mix is not None:
       digest.update(json.dumps(dataclasses.asdict(self.mix)).encode())
-    if self.sampling is not None:  # the setting, and a sample that hosts must draw alike
+    if self.sampling is not None:  # (a run without sampling keeps the digest it had)
       digest.update(json.dumps(dataclasses.asdict(self.sampling.setting)).encode())
-      digest.update(self.sampling.probe_digest().encode())
     return digest.hexdigest()
 
   def padding_fraction(self) -> float:

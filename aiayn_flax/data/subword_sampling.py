@@ -1,45 +1,53 @@
-"""Subword regularization: each training epoch segments its pairs anew, sampled from the
-vocabulary's lattice (Kudo 2018, a unigram vocabulary; with a BPE one, sentencepiece's
-BPE-dropout, Provilkov et al. 2020), while validation, evaluation and translation keep the
-plain segmentation. Off (`dataset.subword_sampling_alpha` 0) nothing here runs.
+"""Subword regularization (Kudo 2018): each training epoch segments its pairs anew, sampled from
+the unigram vocabulary's lattice with probability proportional to P(segmentation)^alpha,
+while validation, evaluation and translation keep the plain (most probable) segmentation. Off
+(`dataset.subword_sampling_alpha` 0), nothing here runs.
 
-Exact as the rest of the batches: sentence i of epoch e is sampled with a seed of its own,
-drawn from (seed, epoch, side). sentencepiece's generator is per thread, and
-`set_random_generator_seed` reseeds the calling thread's (checked at start:
-`check_reseeding`), so a sentence's segmentation depends on neither the thread, nor the order,
-nor the process that samples it: a resumed run, or another host, samples the same epoch.
+Why not sentencepiece's own sampler (`encode(enable_sampling=True)`): its generator cannot be
+made reproducible. Version 0.2.3 (measured): `set_random_generator_seed(s)` makes a thread's
+draws repeat within one process, but two processes seeded alike draw differently (its seeds
+are salted per process), and batch calls on several threads draw differently again. A resumed
+run or a second host would train on other segmentations. So the sampling is ours, exact:
 
-The text sampled is the plain token ids decoded (the vocabulary's identity normalization and
-byte fallback make decode(encode(s)) == s), so every host samples from the token cache it reads
-already (tokenized.py): no host needs the corpus' files, nor waits for another's. Sampling a
-whole epoch (its lengths decide its buckets) takes a few seconds for Multi30k; an epoch is
-sampled on background threads while the one before trains (`SampledEpochs`).
+- A vocabulary trained to split by whitespace (ours always is) has no piece that crosses a word
+  boundary ("▁" starts a word and appears in no piece but at its start), so a sentence's lattice
+  is its words' lattices one after the other, and sampling a sentence is sampling each word
+  alone. Each distinct word of the training text (read from the plain token ids: the token
+  cache, which every host reads already) gets its lattice once per run: every vocabulary piece
+  matching each span of it, weighed alpha x the piece's log probability. The forward pass gives
+  each position the probability of each piece ending there, what forward-filtering
+  backward-sampling draws from (`WordLattices`).
+- An epoch is then drawn for all words at once, backwards from each word's end, one piece per
+  step, with numpy's generator seeded by (seed, epoch, side): a function of those alone, on any
+  host and after any restart. It takes well under a second for Multi30k.
+
+Pieces that are not sampled stay as they are: EOS, byte-fallback pieces and user-defined symbols
+(words holding one are taken whole). A sampled segmentation decodes to the same text.
 """
 import dataclasses
 import hashlib
-import os
+import itertools
+import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from absl import logging
 
-from aiayn_flax.data import ragged, vocabulary
+from aiayn_flax.data import ragged
 from aiayn_flax.data.ragged import RaggedIds
 
 SIDES = ("both", "source", "target")
 _SEED_STREAM = 3  # numpy's seed words [seed, 3, epoch, side]: apart from the shuffle's and Mix's
-_CHUNK = 4096  # sentences a sampling thread takes at a time
-# Threads that sample an epoch: sentencepiece releases the GIL while it samples. The samples do
-# not depend on the count (each sentence has its own seed).
-SAMPLING_THREADS = max(1, min(8, (os.cpu_count() or 1) - 1))
+_WORD_BEGIN = "\u2581"  # sentencepiece's "▁": a piece that starts a word starts with it
+_NORMAL = 1  # ModelProto.SentencePiece.Type.NORMAL: the pieces a lattice is made of
+_HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
+_UNITS_PER_DRAW = 1 << 20  # words drawn at a time (memory: ~40 bytes a word and step)
 
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
   """config.dataset's subword_sampling_* fields."""
-  alpha: float  # unigram: the smoothing exponent of the lattice's probabilities; BPE: dropout
-  nbest: int  # unigram: sample among the n best segmentations; -1: the whole lattice
+  alpha: float  # the smoothing exponent: P(segmentation)^alpha; lower samples more widely
   sides: str  # "both", "source" or "target"
 
   def samples(self, side: int) -> bool:
@@ -51,62 +59,205 @@ def setting_for(dataset) -> Setting | None:
   alpha = dataset.get("subword_sampling_alpha", 0.0)
   if not alpha:
     return None
-  return Setting(float(alpha), int(dataset.get("subword_sampling_nbest", -1)),
-                 dataset.get("subword_sampling_sides", "both"))
+  return Setting(float(alpha), dataset.get("subword_sampling_sides", "both"))
 
 
-def sentence_seeds(seed: int, epoch: int, side: int, count: int) -> np.ndarray:
-  """A sampling seed per sentence (uint32 below 2**32 - 1, which sentencepiece reserves)."""
-  rng = np.random.default_rng([seed, _SEED_STREAM, epoch, side])
-  return rng.integers(0, 2**32 - 1, count, dtype=np.uint32)
+class PieceTable:
+  """What the lattices need of a unigram vocabulary: each piece's text, log probability and
+  whether it is a NORMAL piece (the others are never sampled)."""
+
+  def __init__(self, model_proto: bytes):
+    from sentencepiece import sentencepiece_model_pb2
+    proto = sentencepiece_model_pb2.ModelProto.FromString(model_proto)
+    trainer = proto.trainer_spec
+    if (trainer.model_type != trainer.UNIGRAM or not trainer.split_by_whitespace
+        or trainer.treat_whitespace_as_suffix):
+      raise ValueError("subword sampling needs a unigram vocabulary split by whitespace "
+                       "(dataset.vocab_model_type=unigram, in a fresh workdir)")
+    self.texts = [piece.piece for piece in proto.pieces]
+    self.log_probs = np.array([piece.score for piece in proto.pieces], np.float64)
+    self.normal = np.array([piece.type == _NORMAL for piece in proto.pieces])
+    self.begins_word = np.array([text.startswith(_WORD_BEGIN) for text in self.texts])
+    self.ids = {text: i for i, text in enumerate(self.texts) if self.normal[i]}
+    self.longest = max(map(len, self.ids))
 
 
-def check_reseeding(vocab, setting: Setting) -> None:
-  """Stops unless this sentencepiece reseeds the calling thread's generator, while another
-  thread samples with another seed in between: what makes each sentence's sample a function of
-  its seed alone."""
-  text = "A reproducible sample of subword segmentations, checked once at start."
-  first = vocab.sampled_encode([text] * 4, [7, 8, 9, 10], setting.alpha, setting.nbest)
-  other = threading.Thread(target=vocab.sampled_encode,
-                           args=([text] * 4, [11, 12, 13, 14], setting.alpha, setting.nbest))
-  other.start()
-  other.join()
-  if vocab.sampled_encode([text] * 4, [7, 8, 9, 10], setting.alpha, setting.nbest) != first:
-    import sentencepiece
-    raise RuntimeError(
-        f"sentencepiece {sentencepiece.__version__} does not reseed its generator per thread, "
-        "so sampled segmentations would not be reproducible; install the version of "
-        "requirements.lock, or set dataset.subword_sampling_alpha=0")
+def _units(flat: np.ndarray, pieces: PieceTable) -> tuple[np.ndarray, np.ndarray]:
+  """(start, length) of each unit of a flat id array: a word (NORMAL pieces from one that
+  starts with "▁", or from a sentence's start, to the next such), or any other piece alone."""
+  normal = pieces.normal[flat]
+  begins = np.ones(len(flat), bool)
+  begins[1:] = pieces.begins_word[flat[1:]] | ~normal[1:] | ~normal[:-1]
+  starts = np.flatnonzero(begins)
+  return starts, np.diff(np.append(starts, len(flat)))
 
 
-def sample_side(vocab, plain: RaggedIds, setting: Setting, seed: int, epoch: int, side: int,
-                threads: int = SAMPLING_THREADS) -> RaggedIds:
-  """The sequences of `plain` (ids ending in EOS) segmented again by sampling, each with its
-  own seed; a RaggedIds of the same dtype, in the same order, ending in EOS."""
-  seeds = sentence_seeds(seed, epoch, side, len(plain))
-  bounds = plain.offsets.tolist()
+def _unit_types(flat, starts, lengths) -> tuple[np.ndarray, np.ndarray]:
+  """(index of a representative of each distinct unit, the type of every unit): units hashed
+  by their ids, and every unit then checked id by id against its type's representative."""
+  position = np.arange(len(flat)) - np.repeat(starts, lengths)
+  powers = np.cumprod(np.full(int(lengths.max()), _HASH_BASE, np.uint64)) if len(flat) else []
+  terms = (flat.astype(np.uint64) + np.uint64(1)) * np.asarray(powers, np.uint64)[position]
+  hashes = np.add.reduceat(terms, starts) ^ (lengths.astype(np.uint64) * np.uint64(0x51ED27))
+  _, first, types = np.unique(hashes, return_index=True, return_inverse=True)
+  representative = starts[first][types]
+  same = (flat == flat[np.repeat(representative, lengths) + position]).all() and (
+      lengths == lengths[first][types]).all()
+  if not same:  # two different words with one 64-bit hash: never seen, but never trained on
+    raise RuntimeError("subword sampling: two words hashed alike; set "
+                       "dataset.subword_sampling_alpha=0 and report it")
+  return first, types.reshape(-1)
 
-  def chunk(start: int) -> tuple[np.ndarray, np.ndarray]:
-    stop = min(start + _CHUNK, len(plain))
-    texts = vocab.decode_ids([plain.flat[bounds[i]:bounds[i + 1] - 1].tolist()
-                              for i in range(start, stop)])
-    pieces = vocab.sampled_encode(texts, seeds[start:stop].tolist(), setting.alpha,
-                                  setting.nbest)
-    lengths = np.fromiter(map(len, pieces), np.int64, len(pieces)) + 1
-    flat = np.empty(int(lengths.sum()), plain.flat.dtype)
-    ends = np.cumsum(lengths)
-    flat[ends - 1] = vocabulary.EOS_ID
-    inside = np.ones(len(flat), bool)
-    inside[ends - 1] = False
-    flat[inside] = np.fromiter((i for p in pieces for i in p), plain.flat.dtype,
-                               int(inside.sum()))
-    return flat, lengths
 
-  starts = range(0, len(plain), _CHUNK)
-  with ThreadPoolExecutor(max(1, min(threads, len(starts)))) as pool:
-    parts = list(pool.map(chunk, starts))
-  return ragged.from_parts([flat for flat, _ in parts], [lengths for _, lengths in parts],
-                           plain.flat.dtype)
+@dataclasses.dataclass
+class WordLattices:
+  """Forward-filtering tables of the distinct words, flattened: node n of word w is
+  node_base[w] + n (n = 0..characters); the pieces that end at node k are edges
+  edge_start[k]..edge_start[k + 1] - 1, each with its piece id, the node it starts at (within
+  its word) and the cumulative probability of choosing it (the last of a node's edges: 1)."""
+  node_base: np.ndarray  # [words]
+  ends: np.ndarray  # [words]: node of the word's end, within the word (its characters)
+  edge_start: np.ndarray  # [nodes + 1]
+  edge_piece: np.ndarray  # [edges]
+  edge_from: np.ndarray  # [edges]
+  edge_key: np.ndarray  # [edges]: node index + cumulative probability (for one searchsorted)
+
+  @classmethod
+  def build(cls, unit_ids: list[np.ndarray], pieces: PieceTable, alpha: float):
+    """The tables of each unit (the ids of its plain segmentation). Plain Python: a word has a
+    few dozen spans, too few for numpy to pay."""
+    node_base, ends, edge_start, edge_piece, edge_from, edge_key = [], [], [0], [], [], []
+    piece_ids, log_probs, longest = pieces.ids, pieces.log_probs.tolist(), pieces.longest
+    nodes = 0
+    for ids in unit_ids:
+      node_base.append(nodes)
+      edge_start.append(edge_start[-1])  # node 0: no piece ends there
+      if not pieces.normal[ids[0]]:  # kept whole: one edge, the piece itself
+        ends.append(1)
+        edge_piece.append(int(ids[0]))
+        edge_from.append(0)
+        edge_key.append(nodes + 2.0)
+        edge_start.append(edge_start[-1] + 1)
+        nodes += 2
+        continue
+      text = "".join(pieces.texts[i] for i in ids)
+      forward = [0.0] + [-math.inf] * len(text)  # log of the weight of the paths to a node
+      for end in range(1, len(text) + 1):
+        begins, found, weights = [], [], []
+        for begin in range(max(0, end - longest), end):
+          piece = piece_ids.get(text[begin:end])
+          if piece is not None and forward[begin] > -math.inf:
+            begins.append(begin)
+            found.append(piece)
+            weights.append(forward[begin] + alpha * log_probs[piece])
+        if weights:  # (else no path reaches this position: it is never drawn from)
+          top = max(weights)
+          shares = [math.exp(w - top) for w in weights]
+          total = sum(shares)
+          forward[end] = top + math.log(total)
+          cumulative = list(itertools.accumulate(share / total for share in shares))
+          cumulative[-1] = 1.0  # exactly: the key of the next node's first edge stays above
+          edge_piece += found
+          edge_from += begins
+          edge_key += [nodes + end + c for c in cumulative]
+        edge_start.append(edge_start[-1] + len(weights))
+      ends.append(len(text))
+      nodes += len(text) + 1
+    return cls(np.array(node_base, np.int64), np.array(ends, np.int64),
+               np.array(edge_start, np.int64), np.array(edge_piece, np.int32),
+               np.array(edge_from, np.int64), np.array(edge_key, np.float64))
+
+  def draw(self, words: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(pieces, count per word): a segmentation of each of `words` (word indices), drawn
+    backwards from each word's end; the pieces of word i are in order, after word i - 1's."""
+    node = self.node_base[words] + self.ends[words]
+    steps = []  # per step, the piece chosen for each word still drawing (else -1)
+    active = np.ones(len(words), bool)
+    while active.any():
+      chosen = np.full(len(words), -1, np.int32)
+      current = node[active]
+      edge = np.searchsorted(self.edge_key, current + rng.random(len(current)), side="right")
+      chosen[active] = self.edge_piece[edge]
+      node[active] = self.node_base[words[active]] + self.edge_from[edge]
+      steps.append(chosen)
+      active &= node != self.node_base[words]
+    drawn = np.stack(steps) if steps else np.empty((0, len(words)), np.int32)
+    counts = (drawn >= 0).sum(axis=0)
+    # Step t holds each word's t-th piece from its end: read the steps upwards, words in order.
+    order = drawn[::-1].T  # [words, steps], each row's pieces at its right end, in order
+    return order[order >= 0], counts
+
+
+class SampledEpochs:
+  """The sampled (sources, targets) of each epoch, drawn on a background thread one epoch ahead
+  of the one that trains; the current and the next one are kept."""
+
+  def __init__(self, vocab, sources: RaggedIds, targets: RaggedIds, setting: Setting,
+               seed: int):
+    self.setting, self.seed = setting, seed
+    self.sources, self.targets = sources, targets
+    pieces = PieceTable(vocab.model_proto)
+    self._sides = []  # per side: (units' start, lengths, types, lattices) or None
+    for side, plain in enumerate((sources, targets)):
+      if not setting.samples(side):
+        self._sides.append(None)
+        continue
+      flat = np.asarray(plain.flat[plain.offsets[0]:plain.offsets[-1]], np.int64)
+      starts, lengths = _units(flat, pieces)
+      first, types = _unit_types(flat, starts, lengths)
+      lattices = WordLattices.build([flat[starts[i]:starts[i] + lengths[i]] for i in first],
+                                    pieces, setting.alpha)
+      sentence = np.searchsorted(plain.offsets, plain.offsets[0] + starts, side="right") - 1
+      self._sides.append((sentence, types, lattices))
+      logging.info("subword sampling: %d distinct words in %d on side %d", len(first),
+                   len(starts), side)
+    self._lock = threading.Lock()
+    self._epochs: dict[int, tuple[threading.Event, list]] = {}
+
+  def sample(self, epoch: int, side: int) -> RaggedIds:
+    """Epoch `epoch`'s segmentations of one side (the plain ones where it is not sampled)."""
+    plain = (self.sources, self.targets)[side]
+    if self._sides[side] is None:
+      return plain
+    sentence, types, lattices = self._sides[side]
+    rng = np.random.default_rng([self.seed, _SEED_STREAM, epoch, side])
+    flats, counts = [], []
+    for start in range(0, len(types), _UNITS_PER_DRAW):
+      flat, count = lattices.draw(types[start:start + _UNITS_PER_DRAW], rng)
+      flats.append(flat)
+      counts.append(count)
+    counts = np.concatenate(counts) if counts else np.empty(0, np.int64)
+    lengths = np.bincount(sentence, weights=counts, minlength=len(plain)).astype(np.int64)
+    return ragged.from_parts([np.concatenate(flats).astype(plain.flat.dtype)], [lengths],
+                             plain.flat.dtype)
+
+  def pairs(self, epoch: int) -> tuple[RaggedIds, RaggedIds]:
+    done, result = self._started(epoch)
+    if not done.is_set():
+      logging.info("epoch %d: waiting for its sampled segmentations", epoch)
+    self._started(epoch + 1)  # drawn while this epoch trains
+    done.wait()
+    if isinstance(result[0], BaseException):
+      raise result[0]
+    with self._lock:  # only this epoch and the next one stay
+      for old in [e for e in self._epochs if e not in (epoch, epoch + 1)]:
+        del self._epochs[old]
+    return result[0]
+
+  def _started(self, epoch: int) -> tuple[threading.Event, list]:
+    with self._lock:
+      if epoch not in self._epochs:
+        entry = self._epochs[epoch] = (threading.Event(), [None])
+        threading.Thread(target=self._draw, args=(epoch, *entry), daemon=True,
+                         name=f"subword-sampling-{epoch}").start()
+      return self._epochs[epoch]
+
+  def _draw(self, epoch: int, done: threading.Event, result: list) -> None:
+    try:
+      result[0] = (self.sample(epoch, 0), self.sample(epoch, 1))
+    except BaseException as error:  # noqa: BLE001 - raised where the epoch is asked for
+      result[0] = error
+    done.set()
 
 
 def ids_digest(*sides: RaggedIds) -> str:
@@ -116,55 +267,3 @@ def ids_digest(*sides: RaggedIds) -> str:
     digest.update(np.ascontiguousarray(ids.flat[ids.offsets[0]:ids.offsets[-1]], np.int64))
     digest.update(np.ascontiguousarray(ids.lengths(), np.int64))
   return digest.hexdigest()
-
-
-class SampledEpochs:
-  """The sampled (sources, targets) of each epoch, the next epoch sampled on a background
-  thread while this one trains; one epoch ahead is kept, and the current one."""
-
-  def __init__(self, vocab, sources: RaggedIds, targets: RaggedIds, setting: Setting,
-               seed: int):
-    check_reseeding(vocab, setting)
-    self.vocab, self.sources, self.targets = vocab, sources, targets
-    self.setting, self.seed = setting, seed
-    self._lock = threading.Lock()
-    self._epochs: dict[int, tuple[threading.Event, list]] = {}
-
-  def pairs(self, epoch: int) -> tuple[RaggedIds, RaggedIds]:
-    done, result = self._started(epoch)
-    if not done.is_set():
-      logging.info("epoch %d: waiting for its sampled segmentations", epoch)
-    self._started(epoch + 1)  # sampled while this epoch trains
-    done.wait()
-    if isinstance(result[0], BaseException):
-      raise result[0]
-    with self._lock:  # only this epoch and the next one stay
-      for old in [e for e in self._epochs if e not in (epoch, epoch + 1)]:
-        del self._epochs[old]
-    return result[0]
-
-  def probe_digest(self, pairs: int = 16) -> str:
-    """ids_digest of epoch 0's samples of the first pairs, sampled apart from the epochs: in
-    the plan digest, so that hosts whose sentencepiece samples otherwise disagree at start."""
-    return ids_digest(*(
-        sample_side(self.vocab, plain[:pairs], self.setting, self.seed, 0, side, threads=1)
-        if self.setting.samples(side) else plain[:pairs]
-        for side, plain in enumerate((self.sources, self.targets))))
-
-  def _started(self, epoch: int) -> tuple[threading.Event, list]:
-    with self._lock:
-      if epoch not in self._epochs:
-        entry = self._epochs[epoch] = (threading.Event(), [None])
-        threading.Thread(target=self._sample, args=(epoch, *entry), daemon=True,
-                         name=f"subword-sampling-{epoch}").start()
-      return self._epochs[epoch]
-
-  def _sample(self, epoch: int, done: threading.Event, result: list) -> None:
-    try:
-      result[0] = tuple(
-          sample_side(self.vocab, plain, self.setting, self.seed, epoch, side)
-          if self.setting.samples(side) else plain
-          for side, plain in enumerate((self.sources, self.targets)))
-    except BaseException as error:  # noqa: BLE001 - raised where the epoch is asked for
-      result[0] = error
-    done.set()

@@ -30,6 +30,7 @@ class Vocabulary:
 
   def __init__(self, model_proto: bytes, model_path: str):
     self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    self._model_proto = model_proto
     self._model_path = model_path
     _check_special_ids(self._processor, model_path)
 
@@ -40,6 +41,11 @@ class Vocabulary:
   @property
   def model_path(self) -> str:
     return self._model_path
+
+  @property
+  def model_proto(self) -> bytes:
+    """The serialized SentencePiece model (its pieces and their log probabilities)."""
+    return self._model_proto
 
   def encode(self, text: str) -> list[int]:
     """Piece ids of text, without EOS (the input pipeline adds it)."""
@@ -58,24 +64,6 @@ class Vocabulary:
     if not rows:
       return []  # sentencepiece would read an empty batch as one empty sentence
     return self._processor.decode(rows, num_threads=os.cpu_count() or 1)
-
-  def decode_ids(self, rows: list[list[int]]) -> list[str]:
-    """Text of each row of piece ids, every id decoded (no EOS, PAD or BOS among them)."""
-    return self._processor.decode(rows, num_threads=1) if rows else []
-
-  def sampled_encode(self, texts: Sequence[str], seeds: Sequence[int], alpha: float,
-                     nbest_size: int) -> list[list[int]]:
-    """Piece ids of each text, a segmentation sampled from the lattice (subword
-    regularization), each text with its own seed. sentencepiece's generator is per thread and
-    reseeded for this thread: a text's sample depends on its seed alone (not on what other
-    threads sample meanwhile); data/subword_sampling.py checks it at start."""
-    encode, reseed = self._processor.encode, spm.set_random_generator_seed
-    pieces = []
-    for text, seed in zip(texts, seeds):
-      reseed(seed)
-      pieces.append(encode(text, out_type=int, enable_sampling=True, alpha=alpha,
-                           nbest_size=nbest_size))
-    return pieces
 
   def piece(self, piece_id: int) -> str:
     return self._processor.id_to_piece(int(piece_id))

@@ -155,14 +155,14 @@ def test_the_plan_digest_names_the_setting_and_validation_is_never_sampled(corpu
   assert validation.sampling is None
 
 
-# A tiny model on the 2,000 pairs: an epoch is 16 steps of 2,048 tokens, so that a run killed
+# A tiny model on the 2,000 pairs: an epoch is about 16 steps of 4,096 tokens, so that a run killed
 # at step 12 resumes from step 8 into epoch 0 and crosses into epoch 1 (sampled anew) at 16.
 TINY_SAMPLED = [
     "--config.device=cpu", "--config.model.vocab_size=500", "--config.model.d_model=32",
     "--config.model.d_ff=64", "--config.model.num_heads=2", "--config.model.num_layers=1",
     "--config.dataset.vocab_model_type=unigram", "--config.dataset.max_length=48",
     "--config.dataset.bucket_min_length=24", "--config.dataset.bucket_growth=2.0",
-    "--config.tokens_per_batch=2048", "--config.num_train_steps=20",
+    "--config.tokens_per_batch=4096", "--config.num_train_steps=20",
     "--config.checkpoint_every_steps=8", "--config.eval_every_steps=0",
     "--config.log_every_steps=4", "--config.checkpoint_asynchronously=false",
     "--config.dataset.subword_sampling_alpha=0.2"]
@@ -170,13 +170,16 @@ SAMPLED_EPOCH = re.compile(r"epoch (\d+): subword segmentations sampled .* diges
 
 
 def train(corpus_files, workdir, signal_at=""):
+  """train.py on the 2,000 pairs; the runs of a test share one compilation cache (beside their
+  workdirs), so that only the first compiles."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   env.pop(stops.TEST_SIGNAL_VARIABLE, None)
   if signal_at:
     env[stops.TEST_SIGNAL_VARIABLE] = signal_at
   return subprocess.run(
       [sys.executable, "train.py", f"--workdir={workdir}",
-       f"--config=configs/parallel_text.py:{corpus_files}", *TINY_SAMPLED], cwd=REPO,
+       f"--config=configs/parallel_text.py:{corpus_files}", *TINY_SAMPLED,
+       f"--config.compilation_cache_dir={workdir.parent / 'xla_cache'}"], cwd=REPO,
       capture_output=True, text=True, timeout=600, env=env)
 
 

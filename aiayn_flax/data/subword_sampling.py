@@ -208,7 +208,7 @@ class SampledEpochs:
       lattices = WordLattices.build([flat[starts[i]:starts[i] + lengths[i]] for i in first],
                                     pieces, setting.alpha)
       sentence = np.searchsorted(plain.offsets, plain.offsets[0] + starts, side="right") - 1
-      self._sides.append((sentence, types, lattices))
+      self._sides.append((sentence.astype(np.int32), types.astype(np.int32), lattices))
       logging.info("subword sampling: %d distinct words in %d on side %d", len(first),
                    len(starts), side)
     self._lock = threading.Lock()

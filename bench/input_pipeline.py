@@ -190,13 +190,13 @@ def main():
   rate = len(taken) / gathered_s
   if args.compare_feeders:
     compare_feeders(batches, taken, rate)
-  if alpha:
-    rate = sampled_feed(config, alpha, vocab, sources, targets, boundaries, len(epoch), rate)
   mean_source, mean_target = real_sources / len(taken), (real - real_sources) / len(taken)
   padding = 100 * (1 - real / padded)
   print(f"gathered at once: {rate:.1f} batches/s, {real / gathered_s:.3g} real tokens/s; "
         f"one row at a time: {len(taken) / loop_s:.1f} batches/s ({loop_s / gathered_s:.1f}x "
         "slower)")
+  if alpha:  # the rate compared with the planned consumption: with the draws
+    rate = sampled_feed(config, alpha, vocab, sources, targets, boundaries, len(epoch), rate)
   planned = {}
   for target in TARGETS:
     planned_config = config.copy_and_resolve_references()

@@ -86,14 +86,22 @@ def sampled(corpus):
   return stream, [stream.pairs(epoch) for epoch in (0, 1)]
 
 
-def test_the_same_seed_and_epoch_give_the_same_segmentations_and_the_same_text(corpus,
-                                                                               sampled):
+def test_the_same_seed_and_epoch_give_the_same_segmentations_and_the_same_text(
+    corpus, sampled, monkeypatch):
   config, vocab, _ = corpus
   stream, epochs = sampled
-  again = batches(corpus, 0.2)  # built again, epoch 1 asked for first
+  again = batches(corpus, 0.2)  # built again; epoch 1 drawn in 5 chunks, on 1 thread and on 3
+  monkeypatch.setattr(subword_sampling, "_UNITS_PER_DRAW", 4096)
   for side in (0, 1):
-    assert subword_sampling.ids_digest(again.sampling.sample(1, side)) == (
-        subword_sampling.ids_digest(stream.sampling.sample(1, side)))
+    digests = []
+    for threads, stream_drawn in ((1, stream), (3, again)):
+      monkeypatch.setattr(subword_sampling, "DRAWING_THREADS", threads)
+      digests.append(subword_sampling.ids_digest(stream_drawn.sampling.sample(1, side)))
+    assert digests[0] == digests[1]
+  monkeypatch.undo()
+  for side in (0, 1):  # (the default chunks: epoch 1 as the stream drew it)
+    assert subword_sampling.ids_digest(again.pairs(1)[side]) == subword_sampling.ids_digest(
+        epochs[1][side])
     assert list(map(list, epochs[0][side])) != list(map(list, epochs[1][side]))
   other_seed = batches(corpus, 0.2, seed=config.seed + 1).sampling.sample(1, 0)
   assert subword_sampling.ids_digest(other_seed) != subword_sampling.ids_digest(

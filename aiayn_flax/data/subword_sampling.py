@@ -22,8 +22,9 @@ run or a second host would train on other segmentations. So the sampling is ours
   those alone, on any host, after any restart, on any number of threads. It takes about a
   second for Multi30k.
 
-Pieces that are not sampled stay as they are: EOS, byte-fallback pieces and user-defined symbols
-(words holding one are taken whole). A sampled segmentation decodes to the same text.
+EOS, byte-fallback pieces and user-defined symbols are units of their own, never split nor
+joined to a neighbour; only NORMAL pieces are sampled. A sampled segmentation decodes to the
+same text.
 """
 import dataclasses
 import hashlib
@@ -40,7 +41,7 @@ from aiayn_flax.data import ragged
 from aiayn_flax.data.ragged import RaggedIds
 
 SIDES = ("both", "source", "target")
-_SEED_STREAM = 3  # numpy's seed words [seed, 3, epoch, side]: apart from the shuffle's and Mix's
+_SEED_STREAM = 3  # seed words [seed, 3, epoch, side, chunk]: apart from the shuffle's and Mix's
 _WORD_BEGIN = "\u2581"  # sentencepiece's "▁": a piece that starts a word starts with it
 _NORMAL = 1  # ModelProto.SentencePiece.Type.NORMAL: the pieces a lattice is made of
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
@@ -118,12 +119,12 @@ def _unit_types(flat, starts, lengths) -> tuple[np.ndarray, np.ndarray]:
 @dataclasses.dataclass
 class WordLattices:
   """Forward-filtering tables of the distinct words, flattened: node n of word w is
-  node_base[w] + n (n = 0..characters); the pieces that end at node k are edges
-  edge_start[k]..edge_start[k + 1] - 1, each with its piece id, the node it starts at (within
-  its word) and the cumulative probability of choosing it (the last of a node's edges: 1)."""
+  node_base[w] + n (n = 0..characters). The pieces that end at a node are consecutive edges,
+  nodes in order, each with its piece id, the node it starts at (within its word) and as key the
+  node's index plus the cumulative probability of choosing it (1 for a node's last edge), so
+  that one searchsorted of node + uniform draw picks an edge for every word at once."""
   node_base: np.ndarray  # [words]
   ends: np.ndarray  # [words]: node of the word's end, within the word (its characters)
-  edge_start: np.ndarray  # [nodes + 1]
   edge_piece: np.ndarray  # [edges]
   edge_from: np.ndarray  # [edges]
   edge_key: np.ndarray  # [edges]: node index + cumulative probability (for one searchsorted)
@@ -132,18 +133,16 @@ class WordLattices:
   def build(cls, unit_ids: list[np.ndarray], pieces: PieceTable, alpha: float):
     """The tables of each unit (the ids of its plain segmentation). Plain Python: a word has a
     few dozen spans, too few for numpy to pay."""
-    node_base, ends, edge_start, edge_piece, edge_from, edge_key = [], [], [0], [], [], []
+    node_base, ends, edge_piece, edge_from, edge_key = [], [], [], [], []
     piece_ids, log_probs, longest = pieces.ids, pieces.log_probs.tolist(), pieces.longest
     nodes = 0
     for ids in unit_ids:
       node_base.append(nodes)
-      edge_start.append(edge_start[-1])  # node 0: no piece ends there
       if not pieces.normal[ids[0]]:  # kept whole: one edge, the piece itself
         ends.append(1)
         edge_piece.append(int(ids[0]))
         edge_from.append(0)
-        edge_key.append(nodes + 2.0)
-        edge_start.append(edge_start[-1] + 1)
+        edge_key.append(nodes + 2.0)  # node 1's only edge
         nodes += 2
         continue
       text = "".join(pieces.texts[i] for i in ids)
@@ -166,11 +165,10 @@ class WordLattices:
           edge_piece += found
           edge_from += begins
           edge_key += [nodes + end + c for c in cumulative]
-        edge_start.append(edge_start[-1] + len(weights))
       ends.append(len(text))
       nodes += len(text) + 1
     return cls(np.array(node_base, np.int64), np.array(ends, np.int64),
-               np.array(edge_start, np.int64), np.array(edge_piece, np.int32),
+               np.array(edge_piece, np.int32),
                np.array(edge_from, np.int64), np.array(edge_key, np.float64))
 
   def draw(self, words: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -211,7 +209,7 @@ class SampledEpochs:
     self.setting, self.seed = setting, seed
     self.sources, self.targets = sources, targets
     pieces = PieceTable(vocab.model_proto)
-    self._sides = []  # per side: (units' start, lengths, types, lattices) or None
+    self._sides = []  # per side: (sentence of each unit, type of each unit, lattices) or None
     for side, plain in enumerate((sources, targets)):
       if not setting.samples(side):
         self._sides.append(None)

@@ -119,13 +119,15 @@ def sampled_feed(config, alpha, vocab, sources, targets, boundaries, epoch_batch
   sampling = subword_sampling.SampledEpochs(vocab, sources, targets, setting, config.seed)
   build_s = time.perf_counter() - start
   words = sum(len(lattices.node_base) for _, _, lattices in sampling._sides)
-  start = time.perf_counter()
-  drawn = [sampling.sample(0, side) for side in (0, 1)]
-  draw_s = time.perf_counter() - start
+  units = sum(len(types) for _, types, _ in sampling._sides)
   batches = bucketing.TokenBucketedBatches(sources, targets, boundaries,
                                            config.tokens_per_batch, seed=config.seed,
                                            sampling=sampling)
-  sampling.pairs = lambda epoch: drawn  # the epoch drawn above, not drawn again
+  start = time.perf_counter()  # what the sampling thread does for an epoch
+  fitted = sampling.fitted(sampling.sample(0, 0), sampling.sample(0, 1))
+  draw_s = time.perf_counter() - start
+  drawn = fitted[:2]
+  sampling.pairs = lambda epoch: fitted  # the epoch drawn above, not drawn again
   epoch = batches.epoch(0)
   start = time.perf_counter()
   for boundary, indices in epoch[:500]:
@@ -134,8 +136,8 @@ def sampled_feed(config, alpha, vocab, sources, targets, boundaries, epoch_batch
   fed = len(epoch) / (len(epoch) / sampled_rate + draw_s)
   tokens = sum(side.lengths().sum() for side in drawn) / (
       sources.lengths().sum() + targets.lengths().sum())
-  print(f"subword sampling, alpha {alpha}: lattices of {words} distinct words in {build_s:.1f} s "
-        f"({1e6 * build_s / max(words, 1):.0f} us a word), an epoch drawn in {draw_s:.1f} s "
+  print(f"subword sampling, alpha {alpha}: {units} words indexed and the lattices of the "
+        f"{words} distinct ones built in {build_s:.1f} s, an epoch drawn in {draw_s:.1f} s "
         f"({len(epoch)} batches, {epoch_batches} plain; {tokens:.3f}x the plain tokens); "
         f"batches assembled at {sampled_rate:.1f}/s ({plain_rate:.1f}/s plain); fed with the "
         f"draw: {fed:.1f} batches/s")

@@ -236,7 +236,27 @@ class TokenBucketedBatches:
         self.sources.lengths(), self.targets.lengths(), boundaries, self.rows, quantum)
         if pad_each_side else zip(boundaries, boundaries)))
     self.sampling = sampling
+    if sampling is not None:  # what the sampling thread hands over: pairs that fit, drawn
+      sampling.fitted = self._fitted
     self._sampled = None  # (epoch, sources, targets, lengths) of the last epoch asked for
+
+  def _fitted(self, sources: RaggedIds, targets: RaggedIds):
+    """(sources, targets, what to log) of a sampled epoch: each pair sampled where it fits the
+    batch it lands in, else plain."""
+    source_lengths, target_lengths = sources.lengths(), targets.lengths()
+    longest = np.maximum(source_lengths, target_lengths)
+    fits = longest <= self.boundaries[-1]
+    if self.pad_each_side:  # within the side lengths of the bucket it lands in
+      limits = np.array([self.side_lengths[b] for b in self.boundaries])
+      bucket = bucket_of(np.minimum(longest, self.boundaries[-1]), self.boundaries)
+      fits &= (source_lengths <= limits[bucket, 0]) & (target_lengths <= limits[bucket, 1])
+    sources = ragged.choose(fits, sources, self.sources)
+    targets = ragged.choose(fits, targets, self.targets)
+    tokens = (sources.lengths().sum() + targets.lengths().sum()) / (
+        self.sources.lengths().sum() + self.targets.lengths().sum())
+    return sources, targets, (f"{fits.sum()} of {len(fits)} pairs (the others too long: "
+                              f"plain), {tokens:.3f}x the plain tokens; digest "
+                              f"{subword_sampling.ids_digest(sources, targets)}")
 
   def pairs(self, epoch: int) -> tuple[RaggedIds, RaggedIds, np.ndarray]:
     """(sources, targets, max of their lengths) of an epoch: its sampled segmentations, or
@@ -244,22 +264,9 @@ class TokenBucketedBatches:
     if self.sampling is None:
       return self.sources, self.targets, self.lengths
     if self._sampled is None or self._sampled[0] != epoch:
-      sources, targets = self.sampling.pairs(epoch)
-      source_lengths, target_lengths = sources.lengths(), targets.lengths()
-      longest = np.maximum(source_lengths, target_lengths)
-      fits = longest <= self.boundaries[-1]
-      if self.pad_each_side:  # within the side lengths of the bucket it lands in
-        limits = np.array([self.side_lengths[b] for b in self.boundaries])
-        bucket = bucket_of(np.minimum(longest, self.boundaries[-1]), self.boundaries)
-        fits &= (source_lengths <= limits[bucket, 0]) & (target_lengths <= limits[bucket, 1])
-      sources = ragged.choose(fits, sources, self.sources)
-      targets = ragged.choose(fits, targets, self.targets)
-      sampled_tokens = sources.lengths().sum() + targets.lengths().sum()
-      logging.info("epoch %d: subword segmentations sampled (%s), %d of %d pairs (the others "
-                   "too long: plain), %.3fx the plain tokens; digest %s", epoch,
-                   self.sampling.setting, fits.sum(), len(fits), sampled_tokens / (
-                       self.sources.lengths().sum() + self.targets.lengths().sum()),
-                   subword_sampling.ids_digest(sources, targets))
+      sources, targets, summary = self.sampling.pairs(epoch)
+      logging.info("epoch %d: subword segmentations sampled (%s), %s", epoch,
+                   self.sampling.setting, summary)
       self._sampled = (epoch, sources, targets, np.maximum(sources.lengths(),
                                                            targets.lengths()))
     return self._sampled[1:]

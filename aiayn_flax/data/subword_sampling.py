@@ -202,7 +202,8 @@ class WordLattices:
 
 class SampledEpochs:
   """The sampled (sources, targets) of each epoch, drawn on a background thread one epoch ahead
-  of the one that trains; the current and the next one are kept."""
+  of the one that trains; the current and the next one are kept. `fitted(sources, targets)`,
+  set by the batches, runs there too: what `pairs` returns."""
 
   def __init__(self, vocab, sources: RaggedIds, targets: RaggedIds, setting: Setting,
                seed: int):
@@ -223,6 +224,7 @@ class SampledEpochs:
       self._sides.append((sentence.astype(np.int32), types.astype(np.int32), lattices))
       logging.info("subword sampling: %d distinct words in %d on side %d", len(first),
                    len(starts), side)
+    self.fitted = lambda sources, targets: (sources, targets, "")
     self._lock = threading.Lock()
     self._epochs: dict[int, tuple[threading.Event, list]] = {}
 
@@ -246,7 +248,7 @@ class SampledEpochs:
     return ragged.from_parts([np.concatenate(flats).astype(plain.flat.dtype)], [lengths],
                              plain.flat.dtype)
 
-  def pairs(self, epoch: int) -> tuple[RaggedIds, RaggedIds]:
+  def pairs(self, epoch: int) -> tuple:
     done, result = self._started(epoch)
     if not done.is_set():
       logging.info("epoch %d: waiting for its sampled segmentations", epoch)
@@ -269,7 +271,7 @@ class SampledEpochs:
 
   def _draw(self, epoch: int, done: threading.Event, result: list) -> None:
     try:
-      result[0] = (self.sample(epoch, 0), self.sample(epoch, 1))
+      result[0] = self.fitted(self.sample(epoch, 0), self.sample(epoch, 1))
     except BaseException as error:  # noqa: BLE001 - raised where the epoch is asked for
       result[0] = error
     done.set()

@@ -119,35 +119,38 @@ def _unit_types(flat, starts, lengths) -> tuple[np.ndarray, np.ndarray]:
 @dataclasses.dataclass
 class WordLattices:
   """Forward-filtering tables of the distinct words, flattened: node n of word w is
-  node_base[w] + n (n = 0..characters). The pieces that end at a node are consecutive edges,
-  nodes in order, each with its piece id, the node it starts at (within its word) and as key the
-  node's index plus the cumulative probability of choosing it (1 for a node's last edge), so
-  that one searchsorted of node + uniform draw picks an edge for every word at once."""
+  node_base[w] + n (n = 0..characters). The pieces that end at a node are consecutive edges
+  from node_first[node], each with its piece id, the node it starts at (within its word) and
+  the cumulative probability of choosing it or an edge before it (1 for a node's last)."""
   node_base: np.ndarray  # [words]
   ends: np.ndarray  # [words]: node of the word's end, within the word (its characters)
+  node_first: np.ndarray  # [nodes]: a node's first edge (any value where none ends there)
   edge_piece: np.ndarray  # [edges]
   edge_from: np.ndarray  # [edges]
-  edge_key: np.ndarray  # [edges]: node index + cumulative probability (for one searchsorted)
+  edge_cumulative: np.ndarray  # [edges]
 
   @classmethod
   def build(cls, unit_ids: list[np.ndarray], pieces: PieceTable, alpha: float):
     """The tables of each unit (the ids of its plain segmentation). Plain Python: a word has a
     few dozen spans, too few for numpy to pay."""
-    node_base, ends, edge_piece, edge_from, edge_key = [], [], [], [], []
+    node_base, ends, node_first, edge_piece, edge_from, cumulatives = [], [], [], [], [], []
     piece_ids, log_probs, longest = pieces.ids, pieces.log_probs.tolist(), pieces.longest
     nodes = 0
     for ids in unit_ids:
       node_base.append(nodes)
       if not pieces.normal[ids[0]]:  # kept whole: one edge, the piece itself
         ends.append(1)
+        node_first += [len(edge_piece)] * 2
         edge_piece.append(int(ids[0]))
         edge_from.append(0)
-        edge_key.append(nodes + 2.0)  # node 1's only edge
+        cumulatives.append(1.0)
         nodes += 2
         continue
       text = "".join(pieces.texts[i] for i in ids)
       forward = [0.0] + [-math.inf] * len(text)  # log of the weight of the paths to a node
+      node_first.append(len(edge_piece))  # node 0: no piece ends there
       for end in range(1, len(text) + 1):
+        node_first.append(len(edge_piece))
         begins, found, weights = [], [], []
         for begin in range(max(0, end - longest), end):
           piece = piece_ids.get(text[begin:end])
@@ -161,15 +164,15 @@ class WordLattices:
           total = sum(shares)
           forward[end] = top + math.log(total)
           cumulative = list(itertools.accumulate(share / total for share in shares))
-          cumulative[-1] = 1.0  # exactly: the key of the next node's first edge stays above
+          cumulative[-1] = 1.0  # exactly: a draw (below 1) never passes a node's last edge
           edge_piece += found
           edge_from += begins
-          edge_key += [nodes + end + c for c in cumulative]
+          cumulatives += cumulative
       ends.append(len(text))
       nodes += len(text) + 1
     return cls(np.array(node_base, np.int64), np.array(ends, np.int64),
-               np.array(edge_piece, np.int32),
-               np.array(edge_from, np.int64), np.array(edge_key, np.float64))
+               np.array(node_first, np.int64), np.array(edge_piece, np.int32),
+               np.array(edge_from, np.int64), np.array(cumulatives, np.float64))
 
   def draw(self, words: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(pieces, count per word): a segmentation of each of `words` (word indices), drawn
@@ -181,7 +184,14 @@ class WordLattices:
     pieces, owners, steps = [], [], []
     step = 0
     while len(drawing):
-      edge = np.searchsorted(self.edge_key, node + rng.random(len(drawing)), side="right")
+      # The first of the node's edges whose cumulative probability exceeds a uniform draw: the
+      # first edge is the likeliest to be taken (the longest piece), so few words step on.
+      draw = rng.random(len(drawing))
+      edge = self.node_first[node]
+      stepping = np.flatnonzero(self.edge_cumulative[edge] <= draw)
+      while len(stepping):
+        edge[stepping] += 1
+        stepping = stepping[self.edge_cumulative[edge[stepping]] <= draw[stepping]]
       pieces.append(self.edge_piece[edge])
       owners.append(drawing)
       steps.append(np.full(len(drawing), step, np.int32))

@@ -15,7 +15,8 @@ ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": F
                 "dataset.silver_min_agreement": 0.0,
                 "dataset.silver_min_log_prob_per_word": -100.0,
                 "model.attention_implementation": "written_out", "device_memory_bytes": 0,
-                "dataset.subword_sampling_alpha": 0.0, "dataset.subword_sampling_sides": "both"}
+                "dataset.subword_sampling_alpha": 0.0, "dataset.subword_sampling_nbest": -1,
+                "dataset.subword_sampling_sides": "both"}
 
 
 def with_added_fields(saved: dict) -> dict:
@@ -114,6 +115,9 @@ def check_config(config) -> None:
          "must be a positive integer")
   if alpha := dataset.get("subword_sampling_alpha", 0.0):
     _check(alpha > 0, "dataset.subword_sampling_alpha", alpha, "must be 0 (off) or positive")
+    _check(dataset.subword_sampling_nbest == -1 or dataset.subword_sampling_nbest > 1,
+           "dataset.subword_sampling_nbest", dataset.subword_sampling_nbest,
+           "must be -1 (a word's whole lattice) or above 1")
     _check(dataset.subword_sampling_sides in ("both", "source", "target"),
            "dataset.subword_sampling_sides", dataset.subword_sampling_sides,
            "must be 'both', 'source' or 'target'")

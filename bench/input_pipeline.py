@@ -123,9 +123,9 @@ def sampled_feed(config, alpha, vocab, sources, targets, boundaries, epoch_batch
   batches = bucketing.TokenBucketedBatches(sources, targets, boundaries,
                                            config.tokens_per_batch, seed=config.seed,
                                            sampling=sampling)
-  start = time.perf_counter()  # what the sampling thread does for an epoch
+  start, start_cpu = time.perf_counter(), time.process_time()  # the sampling thread's work
   fitted = sampling.fitted(sampling.sample(0, 0), sampling.sample(0, 1))
-  draw_s = time.perf_counter() - start
+  draw_s, draw_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
   drawn = fitted[:2]
   sampling.pairs = lambda epoch: fitted  # the epoch drawn above, not drawn again
   epoch = batches.epoch(0)
@@ -134,13 +134,16 @@ def sampled_feed(config, alpha, vocab, sources, targets, boundaries, epoch_batch
     batches.batch(boundary, indices, 0)
   sampled_rate = min(500, len(epoch)) / (time.perf_counter() - start)
   fed = len(epoch) / (len(epoch) / sampled_rate + draw_s)
+  fed_cpu = len(epoch) / (len(epoch) / sampled_rate + draw_cpu_s)
   tokens = sum(side.lengths().sum() for side in drawn) / (
       sources.lengths().sum() + targets.lengths().sum())
   print(f"subword sampling, alpha {alpha}: {units} words indexed and the lattices of the "
         f"{words} distinct ones built in {build_s:.1f} s, an epoch drawn in {draw_s:.1f} s "
+        f"({draw_cpu_s:.1f} s of CPU) "
         f"({len(epoch)} batches, {epoch_batches} plain; {tokens:.3f}x the plain tokens); "
         f"batches assembled at {sampled_rate:.1f}/s ({plain_rate:.1f}/s plain); fed with the "
-        f"draw: {fed:.1f} batches/s")
+        f"draw: {fed:.1f} batches/s ({fed_cpu:.1f}/s counting the draw's CPU seconds: on a "
+        "shared machine, its wall seconds hold other jobs' too)")
   return fed
 
 

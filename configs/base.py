@@ -107,8 +107,10 @@ def get_config(row: str = ""):
       # pairs segmented anew, sampled from the unigram vocabulary's whole lattice with
       # probability P(segmentation)^alpha, a function of (seed, epoch); 0 is off, the plain
       # segmentation (the paper's). Lower alpha samples more widely (0.1-0.5 in Kudo's paper).
-      # sides: "both", "source" or "target". docs/TRAIN.md#subword-regularization.
+      # nbest: -1 samples a word's whole lattice, n > 1 among its n most probable
+      # segmentations. sides: "both", "source" or "target". docs/TRAIN.md.
       subword_sampling_alpha=0.0,
+      subword_sampling_nbest=-1,
       subword_sampling_sides="both",
       # Parsing's silver trees (python -m aiayn_flax.parsing.silver), the split "silver" that
       # configs/parsing_silver.py mixes in: comma-separated .silver.jsonl files, and the

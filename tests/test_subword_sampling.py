@@ -148,10 +148,16 @@ def test_a_fresh_stream_resumes_a_sampled_epoch_where_the_other_stopped(corpus, 
 def test_the_plan_digest_names_the_setting_and_validation_is_never_sampled(corpus, sampled):
   config, vocab, task = corpus
   stream, _ = sampled
+  two_best = batches(corpus, 0.2, subword_sampling_nbest=2)
   digests = {batches(corpus).plan_digest(), stream.plan_digest(),
-             batches(corpus, 0.5).plan_digest(),
+             batches(corpus, 0.5).plan_digest(), two_best.plan_digest(),
              batches(corpus, 0.2, subword_sampling_sides="source").plan_digest()}
-  assert len(digests) == 4
+  assert len(digests) == 5
+  # Among each word's 2 likeliest segmentations: the same text, fewer pieces than the lattice's.
+  drawn = two_best.sampling.sample(0, 0)
+  assert [vocab.decode(ids) for ids in drawn] == [vocab.decode(ids) for ids in stream.sources]
+  assert (stream.sources.lengths().sum() < drawn.lengths().sum()
+          < stream.sampling.sample(0, 0).lengths().sum())
   source_only = batches(corpus, 0.2, subword_sampling_sides="source")
   sources, targets, _ = source_only.pairs(0)
   assert subword_sampling.ids_digest(targets) == subword_sampling.ids_digest(stream.targets)

@@ -19,8 +19,8 @@ run or a second host would train on other segmentations. So the sampling is ours
   backward-sampling draws from (`WordLattices`).
 - An epoch is then drawn for all words at once, backwards from each word's end, one piece per
   step, with numpy's generators seeded by (seed, epoch, side, chunk of words): a function of
-  those alone, on any host, after any restart, on any number of threads. It takes about a
-  second for Multi30k.
+  those alone, on any host, after any restart, on any number of threads. It takes a fraction
+  of a second for Multi30k.
 
 EOS, byte-fallback pieces and user-defined symbols are units of their own, never split nor
 joined to a neighbour; only NORMAL pieces are sampled. A sampled segmentation decodes to the
@@ -28,6 +28,7 @@ same text.
 """
 import dataclasses
 import hashlib
+import heapq
 import itertools
 import math
 import os
@@ -56,6 +57,7 @@ class Setting:
   """config.dataset's subword_sampling_* fields."""
   alpha: float  # the smoothing exponent: P(segmentation)^alpha; lower samples more widely
   sides: str  # "both", "source" or "target"
+  nbest: int = -1  # -1: a word's whole lattice; n > 1: its n most probable segmentations
 
   def samples(self, side: int) -> bool:
     return self.sides == "both" or self.sides == SIDES[1 + side]
@@ -66,7 +68,8 @@ def setting_for(dataset) -> Setting | None:
   alpha = dataset.get("subword_sampling_alpha", 0.0)
   if not alpha:
     return None
-  return Setting(float(alpha), dataset.get("subword_sampling_sides", "both"))
+  return Setting(float(alpha), dataset.get("subword_sampling_sides", "both"),
+                 int(dataset.get("subword_sampling_nbest", -1)))
 
 
 class PieceTable:
@@ -82,7 +85,7 @@ class PieceTable:
       raise ValueError("subword sampling needs a unigram vocabulary split by whitespace "
                        "(dataset.vocab_model_type=unigram, in a fresh workdir)")
     self.texts = [piece.piece for piece in proto.pieces]
-    self.log_probs = np.array([piece.score for piece in proto.pieces], np.float64)
+    self.log_probs = [piece.score for piece in proto.pieces]
     self.normal = np.array([piece.type == _NORMAL for piece in proto.pieces])
     self.begins_word = np.array([text.startswith(_WORD_BEGIN) for text in self.texts])
     self.ids = {text: i for i, text in enumerate(self.texts) if self.normal[i]}
@@ -130,11 +133,14 @@ class WordLattices:
   edge_cumulative: np.ndarray  # [edges]
 
   @classmethod
-  def build(cls, unit_ids: list[np.ndarray], pieces: PieceTable, alpha: float):
-    """The tables of each unit (the ids of its plain segmentation). Plain Python: a word has a
-    few dozen spans, too few for numpy to pay."""
+  def build(cls, unit_ids: list[np.ndarray], pieces: PieceTable, alpha: float,
+            nbest: int = -1):
+    """The tables of each unit (the ids of its plain segmentation): its whole lattice, or
+    with `nbest` > 1 its n most probable segmentations side by side, each a chain of nodes
+    from the start to the one end node (`_nbest_chains`). Plain Python: a word has a few dozen
+    spans, too few for numpy to pay."""
     node_base, ends, node_first, edge_piece, edge_from, cumulatives = [], [], [], [], [], []
-    piece_ids, log_probs, longest = pieces.ids, pieces.log_probs.tolist(), pieces.longest
+    piece_ids, log_probs, longest = pieces.ids, pieces.log_probs, pieces.longest
     nodes = 0
     for ids in unit_ids:
       node_base.append(nodes)
@@ -147,6 +153,17 @@ class WordLattices:
         nodes += 2
         continue
       text = "".join(pieces.texts[i] for i in ids)
+      if nbest > 1:
+        chains = _nbest_chains(text, pieces, alpha, nbest)
+        ends.append(1)
+        for node_edges in chains:
+          node_first.append(len(edge_piece))
+          for begin, piece, cumulative in node_edges:
+            edge_piece.append(piece)
+            edge_from.append(begin)
+            cumulatives.append(cumulative)
+        nodes += len(chains)
+        continue
       forward = [0.0] + [-math.inf] * len(text)  # log of the weight of the paths to a node
       node_first.append(len(edge_piece))  # node 0: no piece ends there
       for end in range(1, len(text) + 1):
@@ -210,6 +227,43 @@ class WordLattices:
     return ordered, counts
 
 
+def _nbest_chains(text: str, pieces: PieceTable, alpha: float,
+                  nbest: int) -> list[list[tuple[int, int, float]]]:
+  """A word's `nbest` most probable segmentations (Kudo's l-best, per word) as a lattice of
+  chains: per local node, its edges (start node, piece, cumulative probability). Node 0 is the
+  start, node 1 the end, whose edges are the segmentations' last pieces, weighed by their
+  probability^alpha; each segmentation's other nodes have the one edge that leads to them."""
+  ending = [[] for _ in range(len(text) + 1)]  # per position: (start, piece) of the pieces
+  for end in range(1, len(text) + 1):
+    for begin in range(max(0, end - pieces.longest), end):
+      piece = pieces.ids.get(text[begin:end])
+      if piece is not None:
+        ending[end].append((begin, piece))
+  best = [[(0.0, -1, -1, -1)]] + [[] for _ in text]  # per position: (log P, start, piece, rank)
+  for end in range(1, len(text) + 1):
+    best[end] = heapq.nlargest(nbest, [
+        (score + pieces.log_probs[piece], begin, piece, rank)
+        for begin, piece in ending[end] for rank, (score, *_) in enumerate(best[begin])])
+  chains, last_edges = [[], []], []
+  for score, begin, piece, rank in best[len(text)]:
+    path = []  # the segmentation's pieces, last first
+    position, entry = len(text), (score, begin, piece, rank)
+    while position:
+      path.append(entry[2])
+      position, entry = entry[1], best[entry[1]][entry[3]] if entry[1] else None
+    before = 0  # the node after the previous piece: 0 at the start
+    for piece_id in reversed(path[1:]):
+      chains.append([(before, piece_id, 1.0)])
+      before = len(chains) - 1
+    last_edges.append((before, path[0], alpha * score))
+  top = max(weight for _, _, weight in last_edges)
+  shares = [math.exp(weight - top) for _, _, weight in last_edges]
+  cumulative = list(itertools.accumulate(share / sum(shares) for share in shares))
+  cumulative[-1] = 1.0
+  chains[1] = [(begin, piece, c) for (begin, piece, _), c in zip(last_edges, cumulative)]
+  return chains
+
+
 class SampledEpochs:
   """The sampled (sources, targets) of each epoch, drawn on a background thread one epoch ahead
   of the one that trains; the current and the next one are kept. `fitted(sources, targets)`,
@@ -229,7 +283,7 @@ class SampledEpochs:
       starts, lengths = _units(flat, pieces)
       first, types = _unit_types(flat, starts, lengths)
       lattices = WordLattices.build([flat[starts[i]:starts[i] + lengths[i]] for i in first],
-                                    pieces, setting.alpha)
+                                    pieces, setting.alpha, setting.nbest)
       sentence = np.searchsorted(plain.offsets, plain.offsets[0] + starts, side="right") - 1
       self._sides.append((sentence.astype(np.int32), types.astype(np.int32), lattices))
       logging.info("subword sampling: %d distinct words in %d on side %d", len(first),

@@ -2,6 +2,7 @@
 
   python bench/subword_sampling_lengths.py                 # alpha 0.2 and 0.5, 3 epochs each
   python bench/subword_sampling_lengths.py --alphas=0.1,0.2,0.3,0.5 --epochs=1
+  python bench/subword_sampling_lengths.py --alphas=0.2 --nbest=2   # each word's 2 likeliest
 
 Multi30k's training split with configs/multi30k.py's vocabulary (8,000 unigram pieces, trained
 as the quick start trains it, into --workdir): pieces per sentence (EOS not counted) of the plain
@@ -29,6 +30,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--alphas", default="0.2,0.5")
   parser.add_argument("--epochs", type=int, default=3)
+  parser.add_argument("--nbest", type=int, default=-1,
+                      help="dataset.subword_sampling_nbest (-1: each word's whole lattice)")
   parser.add_argument("--workdir", default="/tmp/aiayn_bench_subword_sampling")
   args = parser.parse_args()
   config = multi30k.get_config()
@@ -43,7 +46,8 @@ def main():
   for alpha in map(float, args.alphas.split(",")):
     start = time.perf_counter()
     sampling = subword_sampling.SampledEpochs(vocab, split.sources, split.targets,
-                                              subword_sampling.Setting(alpha, "both"),
+                                              subword_sampling.Setting(alpha, "both",
+                                                                       args.nbest),
                                               config.seed)
     build_s = time.perf_counter() - start
     means, too_long = [], []
@@ -60,7 +64,7 @@ def main():
     print(f"alpha {alpha}: {ours[0]:.2f} source ({ours[0] / plain[0].mean():.3f}x) and "
           f"{ours[1]:.2f} target ({ours[1] / plain[1].mean():.3f}x) pieces per sentence, "
           f"{(ours.sum()) / (plain[0].mean() + plain[1].mean()):.3f}x in all, over "
-          f"{args.epochs} epochs; sentencepiece's sampler: "
+          f"{args.epochs} epochs (nbest {args.nbest}); sentencepiece's sampler (whole lattice): "
           f"{theirs[0] / plain[0].mean():.3f}x and {theirs[1] / plain[1].mean():.3f}x; "
           f"{np.mean(too_long):.1f} pairs an epoch over max_length {config.dataset.max_length} "
           f"(kept plain); lattices built in {build_s:.1f} s, an epoch drawn in {draw_s:.2f} s")

@@ -15,6 +15,8 @@ ADDED_FIELDS = {"dataset.vocab_character_coverage": 1.0, "host_local_batches": F
                 "dataset.silver_min_agreement": 0.0,
                 "dataset.silver_min_log_prob_per_word": -100.0,
                 "model.attention_implementation": "written_out", "device_memory_bytes": 0,
+                "dataset.subword_sampling_alpha": 0.0, "dataset.subword_sampling_nbest": -1,
+                "dataset.subword_sampling_sides": "both",
                 # the GPU forms as they were before they became fields (2026-12-07)
                 "model.layer_norm_implementation": "auto", "loss_implementation": "auto",
                 "optimizer_implementation": "auto", "aligned_row_tokens": 256}
@@ -127,6 +129,18 @@ def check_config(config) -> None:
          dataset.vocab_character_coverage, "must be in (0, 1]")
   _check(dataset.bucket_quantum >= 1, "dataset.bucket_quantum", dataset.bucket_quantum,
          "must be a positive integer")
+  if alpha := dataset.get("subword_sampling_alpha", 0.0):
+    _check(alpha > 0, "dataset.subword_sampling_alpha", alpha, "must be 0 (off) or positive")
+    _check(dataset.subword_sampling_nbest == -1 or dataset.subword_sampling_nbest > 1,
+           "dataset.subword_sampling_nbest", dataset.subword_sampling_nbest,
+           "must be -1 (a word's whole lattice) or above 1")
+    _check(dataset.subword_sampling_sides in ("both", "source", "target"),
+           "dataset.subword_sampling_sides", dataset.subword_sampling_sides,
+           "must be 'both', 'source' or 'target'")
+    _check(dataset.vocab_model_type == "unigram" and dataset.name != "toy_reverse",
+           "dataset.vocab_model_type", dataset.vocab_model_type, "must be 'unigram' (a "
+           "SentencePiece lattice to sample from) with dataset.subword_sampling_alpha="
+           f"{alpha}")
   if dataset.get("mix_split"):
     _check(dataset.mix_ratio > 0, "dataset.mix_ratio", dataset.mix_ratio,
            f"must be > 0 with dataset.mix_split={dataset.mix_split!r}")

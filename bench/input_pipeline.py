@@ -4,6 +4,7 @@
   python bench/input_pipeline.py --config=configs/big.py
   python bench/input_pipeline.py --pairs=1000000 --batches=200
   python bench/input_pipeline.py --compare_feeders   # + prefetch thread and grain (if installed)
+  python bench/input_pipeline.py --subword_sampling_alpha=0.2 --pairs=1000000  # + sampling
 
 The corpus: newstest2014 EN-DE, the 3003 pairs evaluate.py scores (from $AIAYN_DATA_DIR/wmt14,
 else tfds or sacrebleu's download), tokenized as training tokenizes (ids + EOS) with a
@@ -17,6 +18,12 @@ Timed on one core (the process is pinned to CPU 0): building the batch list of a
 the rows gathered at once (what the trainer does) and, in the same run, copied one by one (what
 it did before); the planned consumption is the step rate `train.py --dry_run` plans for the
 config on each target (at the MFU the plan uses: measured where there is one, else 0.4).
+
+With --subword_sampling_alpha (a unigram vocabulary then), the corpus' word lattices are built
+and one epoch is drawn (data/subword_sampling.py), on the same core: the feed with sampling is
+an epoch's batches over the time to assemble them plus the time to draw the epoch (the trainer
+draws the next epoch on a thread while one trains). The tiled corpus holds newstest's distinct
+words alone: building the lattices of a real corpus' words takes longer (per word: printed).
 """
 import argparse
 import importlib
@@ -37,11 +44,14 @@ from aiayn_flax.data import bucketing, ragged, tokenized, vocabulary  # noqa: E4
 TARGETS = ("tpu-v4-8", "gpu-a100x8")
 
 
-def newstest_ids(config, workdir: str) -> tokenized.TokenizedSplit:
+def newstest_ids(config, workdir: str, model_type: str = "bpe"):
+  """(newstest2014's token ids, the vocabulary)."""
   sources, targets = run_dir.newstest2014_pairs()
-  vocab = vocabulary.train_vocabulary(sources + targets, os.path.join(workdir, "bench.model"),
-                                      8000, "bpe", character_coverage=0.9995)
-  return tokenized.tokenize_for_training(sources, targets, vocab, config.dataset.max_length)
+  vocab = vocabulary.train_vocabulary(sources + targets,
+                                      os.path.join(workdir, f"bench-{model_type}.model"),
+                                      8000, model_type, character_coverage=0.9995)
+  return tokenized.tokenize_for_training(sources, targets, vocab,
+                                         config.dataset.max_length), vocab
 
 
 def tiled(ids: ragged.RaggedIds, pairs: int) -> ragged.RaggedIds:
@@ -99,6 +109,44 @@ def compare_feeders(batches, taken, gathered_rate: float) -> None:
           "training thread)")
 
 
+def sampled_feed(config, alpha, vocab, sources, targets, boundaries, epoch_batches: int,
+                 plain_rate: float) -> float:
+  """Builds the lattices and draws one epoch; the batches per second an epoch is fed at, the
+  draw included."""
+  from aiayn_flax.data import subword_sampling
+  setting = subword_sampling.Setting(alpha, "both")
+  start = time.perf_counter()
+  sampling = subword_sampling.SampledEpochs(vocab, sources, targets, setting, config.seed)
+  build_s = time.perf_counter() - start
+  words = sum(len(lattices.node_base) for _, _, lattices in sampling._sides)
+  units = sum(len(types) for _, types, _ in sampling._sides)
+  batches = bucketing.TokenBucketedBatches(sources, targets, boundaries,
+                                           config.tokens_per_batch, seed=config.seed,
+                                           sampling=sampling)
+  start, start_cpu = time.perf_counter(), time.process_time()  # the sampling thread's work
+  fitted = sampling.fitted(sampling.sample(0, 0), sampling.sample(0, 1))
+  draw_s, draw_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
+  drawn = fitted[:2]
+  sampling.pairs = lambda epoch: fitted  # the epoch drawn above, not drawn again
+  epoch = batches.epoch(0)
+  start = time.perf_counter()
+  for boundary, indices in epoch[:500]:
+    batches.batch(boundary, indices, 0)
+  sampled_rate = min(500, len(epoch)) / (time.perf_counter() - start)
+  fed = len(epoch) / (len(epoch) / sampled_rate + draw_s)
+  fed_cpu = len(epoch) / (len(epoch) / sampled_rate + draw_cpu_s)
+  tokens = sum(side.lengths().sum() for side in drawn) / (
+      sources.lengths().sum() + targets.lengths().sum())
+  print(f"subword sampling, alpha {alpha}: {units} words indexed and the lattices of the "
+        f"{words} distinct ones built in {build_s:.1f} s, an epoch drawn in {draw_s:.1f} s "
+        f"({draw_cpu_s:.1f} s of CPU) "
+        f"({len(epoch)} batches, {epoch_batches} plain; {tokens:.3f}x the plain tokens); "
+        f"batches assembled at {sampled_rate:.1f}/s ({plain_rate:.1f}/s plain); fed with the "
+        f"draw: {fed:.1f} batches/s ({fed_cpu:.1f}/s counting the draw's CPU seconds: on a "
+        "shared machine, its wall seconds hold other jobs' too)")
+  return fed
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--config", default="configs/base.py")
@@ -107,13 +155,16 @@ def main():
   parser.add_argument("--workdir", default="/tmp/aiayn_bench_input_pipeline")
   parser.add_argument("--compare_feeders", action="store_true",
                       help="Also feed the batches through the prefetch thread and grain.")
+  parser.add_argument("--subword_sampling_alpha", type=float, default=0.0,
+                      help="Also draw an epoch of sampled segmentations (unigram vocabulary).")
   args = parser.parse_args()
   os.sched_setaffinity(0, {0})
   os.makedirs(args.workdir, exist_ok=True)
 
   config = importlib.import_module(
       "configs." + os.path.splitext(os.path.basename(args.config))[0]).get_config()
-  newstest = newstest_ids(config, args.workdir)
+  alpha = args.subword_sampling_alpha
+  newstest, vocab = newstest_ids(config, args.workdir, "unigram" if alpha else "bpe")
   sources, targets = tiled(newstest.sources, args.pairs), tiled(newstest.targets, args.pairs)
   print(f"corpus: {len(sources)} pairs, {sources.lengths().sum() + targets.lengths().sum()} "
         f"tokens (newstest2014 tiled; {newstest.skipped_long} pairs over max_length left out)")
@@ -149,6 +200,8 @@ def main():
   print(f"gathered at once: {rate:.1f} batches/s, {real / gathered_s:.3g} real tokens/s; "
         f"one row at a time: {len(taken) / loop_s:.1f} batches/s ({loop_s / gathered_s:.1f}x "
         "slower)")
+  if alpha:  # the rate compared with the planned consumption: with the draws
+    rate = sampled_feed(config, alpha, vocab, sources, targets, boundaries, len(epoch), rate)
   planned = {}
   for target in TARGETS:
     planned_config = config.copy_and_resolve_references()

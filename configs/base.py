@@ -107,6 +107,15 @@ def get_config(row: str = ""):
       mix_split="",
       mix_ratio=0.0,
       mix_epochs=0,
+      # Subword regularization (data/subword_sampling.py; Kudo 2018): each training epoch's
+      # pairs segmented anew, sampled from the unigram vocabulary's whole lattice with
+      # probability P(segmentation)^alpha, a function of (seed, epoch); 0 is off, the plain
+      # segmentation (the paper's). Lower alpha samples more widely (0.1-0.5 in Kudo's paper).
+      # nbest: -1 samples a word's whole lattice, n > 1 among its n most probable
+      # segmentations. sides: "both", "source" or "target". docs/TRAIN.md.
+      subword_sampling_alpha=0.0,
+      subword_sampling_nbest=-1,
+      subword_sampling_sides="both",
       # Parsing's silver trees (python -m aiayn_flax.parsing.silver), the split "silver" that
       # configs/parsing_silver.py mixes in: comma-separated .silver.jsonl files, and the
       # confidences a tree needs (0 / -100: no threshold; chosen on validation). Here so that

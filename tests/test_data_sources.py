@@ -1,4 +1,5 @@
 """The tfds builders for Multi30k and for plain parallel text files, on the real shared data."""
+import gzip
 import os
 import pathlib
 
@@ -151,3 +152,14 @@ def test_parallel_text_invalid_utf8_names_file_and_line(tmp_path):
 def test_parallel_text_needs_two_languages(tmp_path):
   with pytest.raises(ValueError, match="both 'en'"):
     parallel_text.parallel_text_builder("same", "en", "en", {"train": ("a", "b")}, str(tmp_path))
+
+
+def test_a_truncated_gz_training_file_stops_in_one_line_naming_it(tmp_path):
+  whole = gzip.compress("".join(f"line {i}\n" for i in range(2000)).encode())
+  source, target = tmp_path / "train.en.gz", tmp_path / "train.de"
+  source.write_bytes(whole[:len(whole) // 2])  # a copy that stopped half-way
+  target.write_text("".join(f"Zeile {i}\n" for i in range(2000)), "utf-8")
+  with pytest.raises(ValueError) as error:
+    read_parallel_lines(str(source), str(target))
+  assert str(error.value) == (f"{source}: truncated gzip file (it ends before its compressed "
+                              "data does); copy or download it again")

@@ -189,7 +189,8 @@ def test_hosts_with_separate_disks_train_evaluate_and_resume_with_the_data_on_ho
 def test_a_corpus_on_host_zero_alone_trains_on_two_hosts_as_on_one(shared_data, hosts, tmp_path):
   """A user's own parallel text (configs/parallel_text.py) on host 0's disk alone: host 1 runs
   in its own mount namespace, where that folder is empty. The 2 x 2 devices train with host 0's
-  token cache key, to the loss of 1 process x 4 devices."""
+  token cache key, to the loss of 1 process x 4 devices; with subword sampling (a unigram
+  vocabulary), each host draws the epoch that 1 process draws, to the digest."""
   from aiayn_flax.data import text_files
   corpus, empty = tmp_path / "host0_disk", tmp_path / "empty"
   corpus.mkdir()
@@ -202,7 +203,8 @@ def test_a_corpus_on_host_zero_alone_trains_on_two_hosts_as_on_one(shared_data, 
   files = ",".join(str(corpus / f"{name}.{language}") for name in ("train", "dev")
                    for language in ("en", "de"))
   flags = [f"--config=configs/parallel_text.py:{files}", "--config.device=cpu",
-           *TINY_MULTI30K[1:]]
+           *TINY_MULTI30K[1:], "--config.dataset.vocab_model_type=unigram",
+           "--config.dataset.subword_sampling_alpha=0.2"]
   two = run_processes(["train.py", f"--workdir={tmp_path / 'two'}", *flags], 2,
                       DEVICES_PER_HOST, hosts=hosts, prefix_of={1: without_folder(corpus, empty)})
   one = run_processes(["train.py", f"--workdir={tmp_path / 'one'}", *flags], 1,
@@ -215,6 +217,9 @@ def test_a_corpus_on_host_zero_alone_trains_on_two_hosts_as_on_one(shared_data, 
   # (logged to 3 decimals; the sums of 2 processes and of 1 differ in their last bits)
   assert max(abs(a - b) for (_, a), (_, b) in zip(*curves)) <= 1.5e-3, curves
   assert DIGEST.findall(two[0][1]) == DIGEST.findall(two[1][1]) != []
+  sampled = re.compile(r"epoch (\d+): subword segmentations sampled .* digest (\w+)")
+  assert sampled.findall(two[0][1]) == sampled.findall(two[1][1]) == sampled.findall(
+      one[0][1]) != []
 
 
 def error_lines(output: str) -> list[str]:

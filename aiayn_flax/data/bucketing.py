@@ -21,6 +21,13 @@ batches hold the same examples either way, in the same order.
 This is plain numpy rather than tf.data's bucket_by_sequence_length because the order must be a
 pure function of (seed, epoch), so that a resumed run sees exactly the batches that an
 uninterrupted run would have seen (`BatchPosition`).
+
+With subword sampling (data/subword_sampling.py) each epoch has its own segmentations of the
+pairs, and so its own lengths: the epoch's buckets and order come from them, as from the plain
+lengths otherwise. The shapes do not change: the rows of each bucket (and, with
+`pad_each_side`, each side's length) are the plain segmentation's, and a sampled pair that would
+not fit the batch it lands in (longer than max_length, or than its bucket's side length) is
+taken plain in that epoch.
 """
 import dataclasses
 import functools
@@ -30,7 +37,9 @@ import math
 from collections.abc import Iterator
 
 import numpy as np
+from absl import logging
 
+from aiayn_flax.data import ragged, subword_sampling
 from aiayn_flax.data.ragged import EMPTY_ROW, RaggedIds
 from aiayn_flax.data.vocabulary import PAD_ID
 
@@ -194,12 +203,15 @@ def epoch_batches(lengths: np.ndarray, boundaries: list[int], rows: list[int], s
 
 class TokenBucketedBatches:
   """Endless, resumable stream of {"inputs": [B, L], "targets": [B, L]} int32 batches
-  ({"inputs": [B, Ls], "targets": [B, Lt]} with `pad_each_side`: see the module's docstring)."""
+  ({"inputs": [B, Ls], "targets": [B, Lt]} with `pad_each_side`: see the module's docstring).
+  `sampling`: a subword_sampling.SampledEpochs over the same pairs, or None (the plain
+  segmentation every epoch)."""
 
   def __init__(self, sources: RaggedIds, targets: RaggedIds,
                boundaries: list[int], tokens_per_batch: int, batch_multiple: int = 1,
                seed: int = 0, shuffle: bool = True, group: int = 1,
-               pad_each_side: bool = False, quantum: int = 8, mix: Mix | None = None):
+               pad_each_side: bool = False, quantum: int = 8, mix: Mix | None = None,
+               sampling=None):
     if len(sources) != len(targets):
       raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
     if not len(sources):
@@ -223,21 +235,61 @@ class TokenBucketedBatches:
     self.side_lengths = dict(zip(boundaries, side_lengths(
         self.sources.lengths(), self.targets.lengths(), boundaries, self.rows, quantum)
         if pad_each_side else zip(boundaries, boundaries)))
+    self.sampling = sampling
+    if sampling is not None:  # what the sampling thread hands over: pairs that fit, drawn
+      sampling.fitted = self._fitted
+    self._sampled = None  # (epoch, sources, targets, lengths) of the last epoch asked for
+
+  def _fitted(self, sources: RaggedIds, targets: RaggedIds):
+    """(sources, targets, what to log) of a sampled epoch: each pair sampled where it fits the
+    batch it lands in, else plain."""
+    source_lengths, target_lengths = sources.lengths(), targets.lengths()
+    longest = np.maximum(source_lengths, target_lengths)
+    fits = longest <= self.boundaries[-1]
+    if self.pad_each_side:  # within the side lengths of the bucket it lands in
+      limits = np.array([self.side_lengths[b] for b in self.boundaries])
+      bucket = bucket_of(np.minimum(longest, self.boundaries[-1]), self.boundaries)
+      fits &= (source_lengths <= limits[bucket, 0]) & (target_lengths <= limits[bucket, 1])
+    sources = ragged.choose(fits, sources, self.sources)
+    targets = ragged.choose(fits, targets, self.targets)
+    tokens = (sources.lengths().sum() + targets.lengths().sum()) / (
+        self.sources.lengths().sum() + self.targets.lengths().sum())
+    return sources, targets, (f"{fits.sum()} of {len(fits)} pairs (the others too long: "
+                              f"plain), {tokens:.3f}x the plain tokens; digest "
+                              f"{subword_sampling.ids_digest(sources, targets)}")
+
+  def pairs(self, epoch: int) -> tuple[RaggedIds, RaggedIds, np.ndarray]:
+    """(sources, targets, max of their lengths) of an epoch: its sampled segmentations, or
+    the plain ones."""
+    if self.sampling is None:
+      return self.sources, self.targets, self.lengths
+    if self._sampled is None or self._sampled[0] != epoch:
+      sources, targets, summary = self.sampling.pairs(epoch)
+      logging.info("epoch %d: subword segmentations sampled (%s), %s", epoch,
+                   self.sampling.setting, summary)
+      self._sampled = (epoch, sources, targets, np.maximum(sources.lengths(),
+                                                           targets.lengths()))
+    return self._sampled[1:]
 
   def epoch(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+    return self._batch_list(self.pairs(epoch)[2], epoch)
+
+  def _batch_list(self, lengths: np.ndarray, epoch: int) -> list[tuple[int, np.ndarray]]:
     if self.mix is None:
-      return epoch_batches(self.lengths, self.boundaries, self.rows, self.seed, epoch,
+      return epoch_batches(lengths, self.boundaries, self.rows, self.seed, epoch,
                            self.shuffle, self.group)
-    members = self.mix.members(len(self.lengths), self.seed, epoch)
+    members = self.mix.members(len(lengths), self.seed, epoch)
     return [(boundary, np.where(indices == EMPTY_ROW, EMPTY_ROW, members[indices]))
             for boundary, indices in epoch_batches(
-                self.lengths[members], self.boundaries, self.rows, self.seed, epoch,
+                lengths[members], self.boundaries, self.rows, self.seed, epoch,
                 self.shuffle, self.group)]
 
-  def batch(self, boundary: int, indices: np.ndarray) -> dict[str, np.ndarray]:
+  def batch(self, boundary: int, indices: np.ndarray, epoch: int = 0) -> dict[str, np.ndarray]:
+    """The batch of `indices` (of `epoch`'s segmentations, where they are sampled)."""
+    sources, targets, _ = self.pairs(epoch)
     source_length, target_length = self.side_lengths[boundary]
-    return {"inputs": self.sources.padded_rows(indices, source_length, PAD_ID),
-            "targets": self.targets.padded_rows(indices, target_length, PAD_ID)}
+    return {"inputs": sources.padded_rows(indices, source_length, PAD_ID),
+            "targets": targets.padded_rows(indices, target_length, PAD_ID)}
 
   def iterate(self, start: BatchPosition = BatchPosition(), num_epochs: int | None = None,
               rows_of=None) -> Iterator[tuple[BatchPosition, dict]]:
@@ -253,7 +305,7 @@ class TokenBucketedBatches:
             epoch + 1, 0)
         boundary, indices = batches[i]
         yield following, self.batch(boundary, indices[rows_of(len(indices))] if rows_of
-                                    else indices)
+                                    else indices, epoch)
       epoch, index = epoch + 1, 0
 
   def plan_digest(self) -> str:
@@ -267,6 +319,8 @@ class TokenBucketedBatches:
       digest.update(json.dumps(sorted(self.side_lengths.items())).encode())
     if self.mix is not None:
       digest.update(json.dumps(dataclasses.asdict(self.mix)).encode())
+    if self.sampling is not None:  # (a run without sampling keeps the digest it had)
+      digest.update(json.dumps(dataclasses.asdict(self.sampling.setting)).encode())
     return digest.hexdigest()
 
   def padding_fraction(self) -> float:
@@ -276,10 +330,10 @@ class TokenBucketedBatches:
   def epoch_summary(self) -> tuple[float, float, float]:
     """(mean real source tokens, mean real target tokens, padding fraction) of one epoch's
     batches, from one pass over its batch list; the means leave out each bucket's last,
-    partial batch (it is completed with empty rows)."""
+    partial batch (it is completed with empty rows). Of the plain segmentation."""
     source_lengths, target_lengths = self.sources.lengths(), self.targets.lengths()
     sums, slots = [], 0
-    for boundary, indices in self.epoch(0):
+    for boundary, indices in self._batch_list(self.lengths, 0):
       slots += sum(self.side_lengths[boundary]) * len(indices)
       if not (indices == EMPTY_ROW).any():
         sums.append((source_lengths[indices].sum(), target_lengths[indices].sum()))

@@ -6,7 +6,9 @@
                                    bounded uniform sample of the training text (WORKDIR/vocab.model)
   3. token ids     tokenized.py    each split tokenized once and cached (WORKDIR/tokenized/)
   4. batches       bucketing.py    token-bucketed batches in an order that is a pure function
-                                   of (seed, epoch, position), so that resume is exact
+                                   of (seed, epoch, position), so that resume is exact; with
+                                   subword sampling (subword_sampling.py), each training
+                                   epoch's segmentations sampled anew, a function of (seed, epoch)
   5. device        prefetch.py     the trainer assembles the next batches on a background thread
 
 With several processes (a pod slice, GPU hosts), stages 1-3 write their files once: process 0
@@ -24,7 +26,7 @@ from absl import logging
 from etils import epath
 
 from aiayn_flax.runtime import paths, process_zero
-from aiayn_flax.data import bucketing, ragged, tokenized, toy, vocabulary
+from aiayn_flax.data import bucketing, ragged, subword_sampling, tokenized, toy, vocabulary
 
 VOCAB_FILENAME = "vocab.model"
 
@@ -94,11 +96,18 @@ def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: b
     logging.info("%s mixed into %s: %d of its %d pairs per epoch%s", dataset.mix_split, split,
                  len(mix.members(len(sources), config.seed, 0)) - mix.primary,
                  len(mixed.sources), f", for {mix.epochs} epochs" if mix.epochs else "")
+  sampling = subword_sampling.setting_for(dataset)
+  if sampling and split == dataset.train_split:  # (validation keeps the plain segmentation)
+    sampling = subword_sampling.SampledEpochs(vocab, sources, targets, sampling, config.seed)
+    logging.info("%s: subword segmentations sampled each epoch: %s", split, sampling.setting)
+  else:
+    sampling = None
   return bucketing.TokenBucketedBatches(sources, targets, bucketing.boundaries_for(dataset),
                                         config.tokens_per_batch, batch_multiple, config.seed,
                                         shuffle=shuffle, group=group,
                                         pad_each_side=dataset.pad_each_side,
-                                        quantum=dataset.bucket_quantum, mix=mix)
+                                        quantum=dataset.bucket_quantum, mix=mix,
+                                        sampling=sampling)
 
 
 def _logged_split_ids(config, vocab, split: str, task) -> tokenized.TokenizedSplit:

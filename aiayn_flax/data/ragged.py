@@ -73,3 +73,14 @@ def concatenate(parts: list[RaggedIds]) -> RaggedIds:
   """The sequences of `parts`, one after the other, in one RaggedIds."""
   return from_parts([part.flat[part.offsets[0]:part.offsets[-1]] for part in parts],
                     [part.lengths() for part in parts], parts[0].flat.dtype)
+
+
+def choose(take_first: np.ndarray, first: RaggedIds, second: RaggedIds) -> RaggedIds:
+  """Sequence i of `first` where take_first[i], else sequence i of `second` (as many of each)."""
+  flat = np.concatenate([first.flat, second.flat])
+  starts = np.where(take_first, first.offsets[:-1], second.offsets[:-1] + len(first.flat))
+  lengths = np.where(take_first, first.lengths(), second.lengths())
+  offsets = np.zeros(len(lengths) + 1, np.int64)
+  np.cumsum(lengths, out=offsets[1:])
+  gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+  return RaggedIds(flat[gather], offsets)

@@ -1,6 +1,7 @@
 """Reading plain-text corpora: one segment per line, UTF-8, with errors that name file and line."""
 import gzip
 import os
+import zlib
 
 
 def read_lines(path: str) -> list[str]:
@@ -10,12 +11,27 @@ def read_lines(path: str) -> list[str]:
   """
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path}: no such file")
-  opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rb") as f:
-    raw_lines = f.read().split(b"\n")
+  if path.endswith(".gz"):
+    raw_lines = _gunzipped(path).split(b"\n")
+  else:
+    with open(path, "rb") as f:
+      raw_lines = f.read().split(b"\n")
   if raw_lines and raw_lines[-1] == b"":
     raw_lines.pop()  # the newline that ends the last line
   return [decode_line(raw, path, number) for number, raw in enumerate(raw_lines, start=1)]
+
+
+def _gunzipped(path: str) -> bytes:
+  """A .gz file's content; a ValueError naming the file when it is cut short (a copy or download
+  that stopped: gzip's own EOFError names no file) or not gzip at all."""
+  try:
+    with gzip.open(path, "rb") as f:
+      return f.read()
+  except EOFError:
+    raise ValueError(f"{path}: truncated gzip file (it ends before its compressed data does); "
+                     "copy or download it again") from None
+  except (gzip.BadGzipFile, zlib.error) as e:
+    raise ValueError(f"{path}: not a readable gzip file ({e})") from None
 
 
 def decode_line(raw: bytes, path: str, number: int) -> str:

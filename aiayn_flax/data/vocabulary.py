@@ -30,6 +30,7 @@ class Vocabulary:
 
   def __init__(self, model_proto: bytes, model_path: str):
     self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    self._model_proto = model_proto
     self._model_path = model_path
     _check_special_ids(self._processor, model_path)
 
@@ -40,6 +41,11 @@ class Vocabulary:
   @property
   def model_path(self) -> str:
     return self._model_path
+
+  @property
+  def model_proto(self) -> bytes:
+    """The serialized SentencePiece model (its pieces and their log probabilities)."""
+    return self._model_proto
 
   def encode(self, text: str) -> list[int]:
     """Piece ids of text, without EOS (the input pipeline adds it)."""

@@ -30,11 +30,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not newest:
     raise FileNotFoundError(f"{checkpoints.checkpoint_dir(workdir)}: no checkpoint; train first "
                             f"(python train.py --config=... --workdir={workdir})")
-  saved = dict(newest[0][1]["config"])
-  for old, new in config_checks.RENAMED_FIELDS.items():  # a run saved before the rename
-    if old in saved:
-      saved[new] = saved.pop(old)
-  return ml_collections.ConfigDict(config_checks.with_added_fields(saved))
+  return ml_collections.ConfigDict(config_checks.read_saved(dict(newest[0][1]["config"])))
 
 
 def load_model_and_params(workdir: str, config, average_last: int = 1,

@@ -1,9 +1,11 @@
 """Every field of every config is read by the code: a field nothing reads would let
 `--config.key=value` silently change nothing (and still take part in the resume check)."""
 import copy
+import json
 import os
 import re
 
+import numpy as np
 import pytest
 
 from aiayn_flax import config_checks
@@ -65,6 +67,89 @@ def test_the_check_sees_an_unread_field_even_with_a_common_name(field, source_te
   assert [f for f in unread_fields(config, source_text) if f.endswith(key)] == [field]
   if key != "never_read_anywhere":  # the name is read all over the code, but not from a config
     assert re.search(rf"\.{key}\b", source_text)
+
+
+# configs/toy.py as saved by older commits (at each change of its fields): commit -> config
+SAVED_CONFIGS = {commit: saved for commit, saved in json.loads(
+    (REPO / "tests/saved_configs.json").read_text(encoding="utf-8")).items()
+                 if commit != "_about"}
+
+
+def lacking_an_old_run_default(saved: dict, current: dict) -> list[str]:
+  """Fields of `current` that a run saved as `saved` lacks and that have no old-run value."""
+  lacking = set(leaf_fields(current)) - set(leaf_fields(saved))
+  return sorted(lacking - set(config_checks.ADDED_FIELDS)
+                - set(config_checks.RENAMED_FIELDS.values()))
+
+
+def unregistered_fields(config) -> list[str]:
+  return sorted(set(leaf_fields(config)) - set(config_checks.FIELDS_BY_NAME))
+
+
+def test_every_field_of_every_config_is_registered_once():
+  names = [field.name for field in config_checks.FIELDS]
+  assert len(names) == len(set(names))
+  in_configs = set().union(*(leaf_fields(config) for config in CONFIGS.values()))
+  assert unregistered_fields(CONFIGS["toy"]) == []
+  assert sorted(in_configs - set(names)) == []
+  live = {f.name for f in config_checks.FIELDS if f.removed is None}
+  assert sorted(live - in_configs) == []  # nothing registered that no config has
+  assert all(f.why for f in config_checks.FIELDS if f.on_resume != config_checks.FIXED)
+
+
+def test_a_new_field_without_registration_or_old_run_default_fails_these_checks():
+  from aiayn_flax.training import resume
+  config = toy.get_config()
+  config.model.ffn = "geglu"
+  assert unregistered_fields(config) == ["model.ffn"]
+  newest = SAVED_CONFIGS[max(SAVED_CONFIGS, key=lambda commit: commit.split()[1])]
+  assert lacking_an_old_run_default(newest, resume.config_dict(config)) == ["model.ffn"]
+
+
+@pytest.mark.parametrize("commit", sorted(SAVED_CONFIGS))
+def test_a_config_saved_by_an_older_commit_reads_and_resumes(commit):
+  import ml_collections
+  from aiayn_flax.training import resume
+  saved = SAVED_CONFIGS[commit]
+  current = resume.config_dict(toy.get_config())
+  assert lacking_an_old_run_default(saved, current) == []
+  # read as evaluate.py and translate.py read it (run_dir.load_config): every field, checked
+  read = config_checks.read_saved(copy.deepcopy(saved))
+  assert set(leaf_fields(read)) >= set(leaf_fields(current))
+  config_checks.check_config(ml_collections.ConfigDict(read))
+  # resumed with the values it had (its own command line today): no conflict
+  own = {k: v for k, v in copy.deepcopy(read).items() if k not in resume.REMOVED_FIELDS}
+  assert resume.resume_conflicts(copy.deepcopy(saved), own) == []
+  # resumed with today's configs/toy.py: only values both have and differ, never a missing one
+  conflicts = resume.resume_conflicts(copy.deepcopy(saved), current)
+  assert not [c for c in conflicts if "None" in c], conflicts
+  if commit.startswith("714fa3f"):  # the oldest: configs/toy.py's values changed since
+    assert conflicts == [
+        "dataset.bucket_min_length: 8 -> 12", "dataset.vocab_character_coverage: 1.0 -> 0.9995",
+        "dataset.vocab_sample_sentences: 10000000 -> 4000000",
+        "learning_rate_scale: 0.5 -> 0.125", "model.dtype: 'float32' -> 'auto'",
+        "tokens_per_batch: 512 -> 420"]
+  if commit.startswith("d62bca5"):  # saved with cooldown_steps=0, since removed
+    assert saved["cooldown_steps"] == 0
+    assert resume.resume_conflicts({**saved, "cooldown_steps": 100}, own) == [
+        "cooldown_steps: 100 -> removed (resumes only where it was 0)"]
+
+
+def test_fields_free_on_resume_leave_the_learning_rate_schedule_alone():
+  """A schedule that reads num_train_steps (a cosine decay) makes it FIXED on resume."""
+  from aiayn_flax import optimizer
+  from aiayn_flax.training import resume
+  steps = np.array([1, 50, 5000])
+  config = toy.get_config()
+  before = optimizer.learning_rate_schedule(config)(steps)
+  for name in sorted(resume.SAFE_TO_CHANGE_ON_RESUME):
+    *section, key = name.split(".")
+    block = config[section[0]] if section else config
+    if isinstance(block[key], (int, float)) and not isinstance(block[key], bool):
+      changed = copy.deepcopy(config)
+      (changed[section[0]] if section else changed)[key] = 2 * block[key] + 3
+      np.testing.assert_array_equal(optimizer.learning_rate_schedule(changed)(steps), before,
+                                    err_msg=name)
 
 
 def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_value():

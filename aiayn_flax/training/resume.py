@@ -11,33 +11,16 @@ from aiayn_flax import config_checks, sharding
 from aiayn_flax.data import bucketing
 from aiayn_flax.runtime import checkpoints
 
-# Config fields that may differ between a run and its resumption: they change neither the
-# model, nor the optimizer, nor the batches it sees.
-SAFE_TO_CHANGE_ON_RESUME = frozenset({
-    "name", "num_train_steps", "log_every_steps", "eval_every_steps", "checkpoint_every_steps",
-    "checkpoint_every_minutes",
-    "keep_checkpoints", "eval_decode_sentences", "beam_size", "length_penalty_alpha",
-    "decode_extra_length", "decode_batch_size", "decode_constrained", "average_last_checkpoints",
-    "max_consecutive_nonfinite_steps", "device", "num_devices", "mfu", "device_memory_bytes",
-    "checkpoint_asynchronously", "needs_accelerator", "dataset.test_split", "prefetch_batches",
-    "compilation_cache_dir", "host_local_batches",
-    "dcn_mesh",  # where devices sit, not what they do
-    # How attention is computed, not what: the same parameters and function
-    # (tests/test_gpu_step.py), and "auto" resolves per device anyway; so a run saved before
-    # "auto" became the default resumes.
-    "model.attention_implementation",
-    # The other GPU forms likewise: the same function in other kernels; a run that fell back
-    # from one (programs.py) resumes with either
-    "model.layer_norm_implementation", "loss_implementation", "optimizer_implementation",
-    "aligned_row_tokens"})
+# Config fields that may differ between a run and its resumption (they change neither the
+# model, nor the optimizer, nor the batches it sees; each says why in config_checks.FIELDS).
+SAFE_TO_CHANGE_ON_RESUME = config_checks.names_on_resume(config_checks.FREE)
 # Fields that may differ on resume when the batches are checked to be the same (the batch plan
 # saved with each checkpoint): where the prepared tfds data lives (a bucket in place of process
 # 0's boot disk, say).
-SAME_BATCHES_ON_RESUME = frozenset({"dataset.data_dir"})
-# Fields that earlier versions saved and that no longer exist (they were never read): a run
-# that saved them resumes without a conflict.
-REMOVED_FIELDS = frozenset({"weight_decay", "dataset.shuffle_buffer",
-                            "eval_bleu_sentences"})  # renamed eval_decode_sentences
+SAME_BATCHES_ON_RESUME = config_checks.names_on_resume(config_checks.SAME_BATCHES)
+# Fields that earlier versions saved and that no longer exist: name -> the saved value that
+# resumes without a conflict (config_checks.ANY: any, the field was never read).
+REMOVED_FIELDS = config_checks.removed_fields()
 
 
 def config_dict(config) -> dict:
@@ -50,13 +33,17 @@ def resume_conflicts(saved: dict, current: dict, prefix: str = "",
   with `same_batches` (the run's batches are those it was trained on), not those of
   SAME_BATCHES_ON_RESUME."""
   conflicts = []
-  allowed = SAFE_TO_CHANGE_ON_RESUME | REMOVED_FIELDS | (
+  allowed = SAFE_TO_CHANGE_ON_RESUME | (
       SAME_BATCHES_ON_RESUME if same_batches else frozenset())
   for key in sorted(set(saved) | set(current)):
     name = prefix + key
     old, new = saved.get(key, config_checks.ADDED_FIELDS.get(name)), current.get(key)
     if isinstance(old, dict) and isinstance(new, dict):
       conflicts += resume_conflicts(old, new, name + ".", same_batches)
+    elif name in REMOVED_FIELDS and new is None:
+      if REMOVED_FIELDS[name] is not config_checks.ANY and old != REMOVED_FIELDS[name]:
+        conflicts.append(f"{name}: {old!r} -> removed (resumes only where it was "
+                         f"{REMOVED_FIELDS[name]!r})")
     elif old != new and name not in allowed:
       conflicts.append(f"{name}: {old!r} -> {new!r}" + (
           " (may change where the data there gives the batches trained on, as the checkpoint "

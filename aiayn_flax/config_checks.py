@@ -27,6 +27,7 @@ class Check:
   ok: Callable[[Any, Any], bool]
   requirement: str | Callable[[Any, Any], str]
   key: str = ""
+  values: Callable[[], tuple] | None = None  # where the field takes one of a list of values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +37,17 @@ class Field:
   old_run_default: Any = IN_EVERY_RUN  # the value runs saved before the field existed had
   on_resume: str = FIXED
   why: str = ""  # why it may change on resume, and what that depends on
+  # FREE only where this is False of the saved config (a dict): e.g. a schedule that reads
+  # num_train_steps makes that field FIXED in the runs that use it
+  fixed_when: Callable[[dict], bool] | None = None
   removed: Any = None  # a field saved by older runs and gone: the value that resumes (or ANY)
 
 
 def _one_of(values) -> Check:
   """The value is one of `values` (a tuple, or a function giving it, read when checked)."""
   listed = values if callable(values) else lambda: values
-  return Check(lambda v, c: v in listed(), lambda v, c: f"must be one of {', '.join(listed())}")
+  return Check(lambda v, c: v in listed(), lambda v, c: f"must be one of {', '.join(listed())}",
+               values=listed)
 
 
 POSITIVE = Check(lambda v, c: v >= 1, "must be a positive integer")
@@ -177,7 +182,8 @@ FIELDS = (
                                    "number of tokens"),),
       old_run_default=256, on_resume=FREE, why=_FORM),
     F("model.positions", (
-        Check(lambda v, c: v in ("sinusoidal", "learned"), "must be 'sinusoidal' or 'learned'"),
+        Check(lambda v, c: v in ("sinusoidal", "learned"), "must be 'sinusoidal' or 'learned'",
+              values=lambda: ("sinusoidal", "learned")),
         Check(lambda v, c: v != "sinusoidal" or c.model.d_model % 2 == 0,
               "must be even for sinusoidal positions (sin and cos pairs)",
               key="model.d_model"))),
@@ -237,6 +243,8 @@ FIELDS = (
     F("cooldown_steps", removed=0),
 )
 FIELDS_BY_NAME = {field.name: field for field in FIELDS}
+# The fields that take one of a list of values: name -> a function giving them
+VALUES = {f.name: check.values for f in FIELDS for check in f.checks if check.values}
 
 # Fields renamed since: a config (or a --config.OLD=... flag) that still names one stops with
 # the new name, instead of setting a field nothing reads.
@@ -247,9 +255,11 @@ ADDED_FIELDS = {f.name: f.old_run_default for f in FIELDS
                 if f.old_run_default is not IN_EVERY_RUN and f.removed is None}
 
 
-def names_on_resume(rule: str) -> frozenset[str]:
-  """The fields that resume under `rule` (FREE, SAME_BATCHES); training/resume.py's sets."""
-  return frozenset(f.name for f in FIELDS if f.on_resume == rule and f.removed is None)
+def names_on_resume(rule: str, saved: dict | None = None) -> frozenset[str]:
+  """The fields that resume under `rule` (FREE, SAME_BATCHES); training/resume.py's sets.
+  With `saved` (a saved config), less those its values make FIXED (Field.fixed_when)."""
+  return frozenset(f.name for f in FIELDS if f.on_resume == rule and f.removed is None
+                   and not (saved is not None and f.fixed_when and f.fixed_when(saved)))
 
 
 def removed_fields() -> dict:

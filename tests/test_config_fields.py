@@ -136,20 +136,26 @@ def test_a_config_saved_by_an_older_commit_reads_and_resumes(commit):
 
 
 def test_fields_free_on_resume_leave_the_learning_rate_schedule_alone():
-  """A schedule that reads num_train_steps (a cosine decay) makes it FIXED on resume."""
+  """Under every value of every field with a list of values (a `schedule` field's too): a
+  schedule that reads num_train_steps (a cosine decay) must make it FIXED (Field.fixed_when)."""
   from aiayn_flax import optimizer
   from aiayn_flax.training import resume
   steps = np.array([1, 50, 5000])
-  config = toy.get_config()
-  before = optimizer.learning_rate_schedule(config)(steps)
-  for name in sorted(resume.SAFE_TO_CHANGE_ON_RESUME):
-    *section, key = name.split(".")
-    block = config[section[0]] if section else config
-    if isinstance(block[key], (int, float)) and not isinstance(block[key], bool):
-      changed = copy.deepcopy(config)
-      (changed[section[0]] if section else changed)[key] = 2 * block[key] + 3
-      np.testing.assert_array_equal(optimizer.learning_rate_schedule(changed)(steps), before,
-                                    err_msg=name)
+  for name, values in config_checks.VALUES.items():
+    for value in values():
+      config = toy.get_config()
+      *section, key = name.split(".")
+      (config[section[0]] if section else config)[key] = value
+      before = optimizer.learning_rate_schedule(config)(steps)
+      for free in sorted(config_checks.names_on_resume(config_checks.FREE,
+                                                       resume.config_dict(config))):
+        *section, key = free.split(".")
+        block = config[section[0]] if section else config
+        if isinstance(block[key], (int, float)) and not isinstance(block[key], bool):
+          changed = copy.deepcopy(config)
+          (changed[section[0]] if section else changed)[key] = 2 * block[key] + 3
+          np.testing.assert_array_equal(optimizer.learning_rate_schedule(changed)(steps),
+                                        before, err_msg=f"{free} with {name}={value!r}")
 
 
 def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_value():

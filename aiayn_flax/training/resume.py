@@ -28,18 +28,20 @@ def config_dict(config) -> dict:
 
 
 def resume_conflicts(saved: dict, current: dict, prefix: str = "",
-                     same_batches: bool = False) -> list[str]:
+                     same_batches: bool = False, allowed: frozenset | None = None
+                     ) -> list[str]:
   """Dotted names of the fields that differ and matter, e.g. ["model.d_model: 256 -> 512"];
   with `same_batches` (the run's batches are those it was trained on), not those of
   SAME_BATCHES_ON_RESUME."""
   conflicts = []
-  allowed = SAFE_TO_CHANGE_ON_RESUME | (
-      SAME_BATCHES_ON_RESUME if same_batches else frozenset())
+  if allowed is None:  # the top level: the fields this saved config lets change
+    allowed = config_checks.names_on_resume(config_checks.FREE, saved) | (
+        SAME_BATCHES_ON_RESUME if same_batches else frozenset())
   for key in sorted(set(saved) | set(current)):
     name = prefix + key
     old, new = saved.get(key, config_checks.ADDED_FIELDS.get(name)), current.get(key)
     if isinstance(old, dict) and isinstance(new, dict):
-      conflicts += resume_conflicts(old, new, name + ".", same_batches)
+      conflicts += resume_conflicts(old, new, name + ".", same_batches, allowed)
     elif name in REMOVED_FIELDS and new is None:
       if REMOVED_FIELDS[name] is not config_checks.ANY and old != REMOVED_FIELDS[name]:
         conflicts.append(f"{name}: {old!r} -> removed (resumes only where it was "

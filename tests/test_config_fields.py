@@ -100,10 +100,11 @@ def test_every_field_of_every_config_is_registered_once():
 def test_a_new_field_without_registration_or_old_run_default_fails_these_checks():
   from aiayn_flax.training import resume
   config = toy.get_config()
-  config.model.ffn = "geglu"
-  assert unregistered_fields(config) == ["model.ffn"]
+  config.model.a_field_added_today = 1
+  assert unregistered_fields(config) == ["model.a_field_added_today"]
   newest = SAVED_CONFIGS[max(SAVED_CONFIGS, key=lambda commit: commit.split()[1])]
-  assert lacking_an_old_run_default(newest, resume.config_dict(config)) == ["model.ffn"]
+  assert lacking_an_old_run_default(newest, resume.config_dict(config)) == [
+      "model.a_field_added_today"]
 
 
 @pytest.mark.parametrize("commit", sorted(SAVED_CONFIGS))

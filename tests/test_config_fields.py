@@ -141,10 +141,12 @@ def test_fields_free_on_resume_leave_the_learning_rate_schedule_alone():
   schedule that reads num_train_steps (a cosine decay) must make it FIXED (Field.fixed_when)."""
   from aiayn_flax import optimizer
   from aiayn_flax.training import resume
-  steps = np.array([1, 50, 5000])
   for name, values in config_checks.VALUES.items():
     for value in values():
       config = toy.get_config()
+      # in the warmup, after it, half way and near the end
+      steps = np.array([1, config.warmup_steps + 1, config.num_train_steps // 2,
+                        config.num_train_steps - 1])
       *section, key = name.split(".")
       (config[section[0]] if section else config)[key] = value
       before = optimizer.learning_rate_schedule(config)(steps)

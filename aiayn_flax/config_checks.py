@@ -208,7 +208,8 @@ FIELDS = (
         Check(lambda v, c: not v or v > 0, "must be 0 (off) or positive"),
         Check(lambda v, c: not v or c.dataset.subword_sampling_nbest == -1
               or c.dataset.subword_sampling_nbest > 1,
-              "must be -1 (a word's whole lattice) or above 1", key="dataset.subword_sampling_nbest"),
+              "must be -1 (a word's whole lattice) or above 1",
+              key="dataset.subword_sampling_nbest"),
         Check(lambda v, c: not v or c.dataset.subword_sampling_sides in ("both", "source",
                                                                         "target"),
               "must be 'both', 'source' or 'target'", key="dataset.subword_sampling_sides"),

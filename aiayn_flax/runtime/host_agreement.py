@@ -17,8 +17,9 @@ stopped, until JAX's timeouts.
 A host can also stop alone where no host agreement is reached first: inside a library's save
 (orbax), where its peers then wait for it. `say_stopped` puts its one line in the coordinator's
 key-value store, and `peers_watched` (around the whole training on every host) ends any process
-that finds such a line, at once, with that line (naming its process) and exit status 1,
-wherever the process is waiting: a Python wait, a collective, orbax's own polling.
+that finds such a line, at once, with that line (naming its process) and exit status 1: the
+watch is a thread of its own, so the process's main thread may be waiting anywhere (in orbax's
+polling, a barrier, a collective).
 """
 import contextlib
 import hashlib
@@ -69,7 +70,7 @@ def on_every_host(name: str, work):
 
 
 # Where a process that stops alone says so (the coordinator's key-value store), and how often
-# the other processes look there: a key read costs well under a millisecond.
+# the other processes look there (one small request to process 0's coordinator each time).
 _STOPPED_KEYS = "aiayn_flax/stopped/"
 WATCH_INTERVAL_S = 0.5
 # Taken by what ends this process first, its own error or another host's line: the other stands
@@ -118,10 +119,11 @@ def peers_watched(program: str):
   """While the block runs, a thread reads every WATCH_INTERVAL_S the lines of hosts that
   stopped alone (`say_stopped`); on one from another host, it ends this process
   (`end_process`) with "PROGRAM: error: process N stopped: LINE". One process: nothing."""
-  client, done = process_zero._client(), threading.Event()  # noqa: SLF001
-  if jax.process_count() == 1 or client is None:
+  client = process_zero._client() if jax.process_count() > 1 else None  # noqa: SLF001
+  if client is None:
     yield
     return
+  done = threading.Event()
 
   def watch():
     while not done.wait(WATCH_INTERVAL_S):

@@ -83,7 +83,9 @@ def main(argv):
     summary = trainer.train_and_evaluate(config, FLAGS.workdir, FLAGS.force_resume)
   except (FileNotFoundError, ValueError, trainer.NonFiniteTrainingError,
           workdir_lease.LeaseLost) as e:
-    sys.exit(f"train.py: error: {e}")
+    # (on several hosts, without waiting for threads a library left waiting for a host that
+    # stopped: host_agreement.end_process)
+    host_agreement.end_process(f"train.py: error: {e}")
   if summary["stopped_by"]:
     print(f"stopped by {summary['stopped_by']} at step {summary['step']} (checkpoint saved); "
           "run the same command to continue", file=sys.stderr)

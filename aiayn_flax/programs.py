@@ -11,9 +11,10 @@ import dataclasses
 import functools
 
 import jax
+import ml_collections
 from absl import logging
 
-from aiayn_flax import devices, optimizer, sharding, train_step
+from aiayn_flax import devices, model as model_lib, optimizer, sharding, train_step
 
 # Each GPU form's config field and its plain form (what a CPU runs), in the order a run falls
 # back: the attention first (Pallas's kernels are where a GPU compile is likeliest to fail),
@@ -199,8 +200,6 @@ def training_programs(config, model, mesh, state_sharding) -> TrainingPrograms:
 def plain_model(model):
   """`model` (a Transformer) with its own forms plain: the model block's fields of
   PLAIN_FORMS."""
-  from aiayn_flax import model as model_lib
-  import ml_collections
   fields = {f.split(".", 1)[1]: v for f, v in PLAIN_FORMS.items() if f.startswith("model.")}
   return model_lib.Transformer(ml_collections.FrozenConfigDict(model.config.to_dict() | fields))
 

@@ -74,8 +74,11 @@ def cluster_env(port: int, num_processes: int, process_id: int, devices: int) ->
 
 def pythonpath_with_cluster_site() -> str:
   """PYTHONPATH for a process of a test cluster: processes 1.. load the programs process 0
-  compiled from the compilation cache, as on a TPU or GPU cluster (cluster_site/)."""
-  return os.pathsep.join(filter(None, [str(CLUSTER_SITE), os.environ.get("PYTHONPATH")]))
+  compiled from the compilation cache, as on a TPU or GPU cluster (cluster_site/). And this
+  clone: cluster_site imports aiayn_flax before Python puts the script's folder on the path, so
+  without it a clone whose venv was installed from another clone ran that clone's code."""
+  return os.pathsep.join(filter(None, [str(CLUSTER_SITE), str(REPO),
+                                       os.environ.get("PYTHONPATH")]))
 
 
 def launch(args: list[str], num_processes: int, devices_per_process: int,

@@ -244,3 +244,15 @@ def test_a_model_the_backends_cannot_serve_is_refused_at_the_config_and_at_the_c
                                        "encoder attention .*no attention dropout"):
     model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, batch, batch,
                train=True)
+
+
+def test_bfloat16_is_refused_in_one_line_on_a_gpu_without_bfloat16_units():
+  from aiayn_flax import devices
+  for kind in ("t4", "v100", "p100"):
+    refusal = devices.dtype_refusal("bfloat16", devices.KINDS[kind])
+    assert refusal.startswith("config.model.dtype=bfloat16: the ") and "\n" not in refusal
+    assert "no bfloat16 units; set auto (float32 there) or float32" in refusal
+    assert not devices.dtype_refusal("auto", devices.KINDS[kind])
+  for kind in ("a100", "l4", "h100"):
+    assert not devices.dtype_refusal("bfloat16", devices.KINDS[kind])
+  assert not devices.dtype_refusal("bfloat16", devices.local_kind(jax.devices("cpu")[0]))

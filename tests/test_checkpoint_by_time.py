@@ -73,19 +73,24 @@ def test_paper_configs_checkpoint_every_ten_minutes_and_a_run_needs_minutes_or_s
 
 
 @pytest.mark.slow
-def test_two_hosts_agree_on_every_checkpoint_by_minutes(tmp_path):
-  """Each host reads its own clock; a checkpoint (one collective save) is due on all of them
-  after the same step, or they would wait for each other inside orbax. Minutes this short make
-  one due at nearly every step, on one host before the other."""
+def test_two_hosts_whose_clocks_disagree_save_where_either_finds_a_checkpoint_due(tmp_path):
+  """Each host reads its own clock, and all must save after the same step (one collective
+  save), or one would wait inside orbax for the others. Here host 0's clock runs 30 s a reading
+  (a checkpoint due every 4 readings, at checkpoint_every_minutes=2) and host 1's stands still
+  (never due): only the agreement (runtime/stops.py) makes host 1 save with host 0. Agreed one
+  step late (the reduction is read one call later): due after steps 4 and 9, saved after 5 and
+  10; 12 is the last step. A host deciding alone leaves host 0 waiting in orbax for host 1."""
   from multi_host_launch import launch
   results = launch(["train.py", "--config=configs/toy.py", f"--workdir={tmp_path}", TOY_ONE_LAYER,
-                    "--config.num_train_steps=12", "--config.checkpoint_every_minutes=0.0005",
+                    "--config.num_train_steps=12", "--config.checkpoint_every_minutes=2",
                     "--config.checkpoint_every_steps=0", "--config.keep_checkpoints=20",
                     "--config.log_every_steps=4", "--config.eval_every_steps=0",
-                    "--config.dataset.toy_eval_examples=10"], 2, 2, timeout=300)
+                    "--config.dataset.toy_eval_examples=10"], 2, 2, timeout=150,
+                   process_env={0: {trainer.TEST_CLOCK_VARIABLE: "30"},
+                                1: {trainer.TEST_CLOCK_VARIABLE: "0"}})
   for result in results:
     assert result.returncode == 0, result.stderr[-3000:]
   digests = [re.search(r"^params_digest: ([0-9a-f]{64})$", r.stdout, re.M).group(1)
              for r in results]
   assert digests[0] == digests[1]
-  assert len(checkpoints.finished_steps(str(tmp_path))) > 2  # by the clock, not only the last
+  assert checkpoints.finished_steps(str(tmp_path)) == [5, 10, 12]

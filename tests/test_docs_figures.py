@@ -1,79 +1,150 @@
 """The numbers of record (BLEU and F1, their seeds' spread and significance, times, memory, the
-test suite's count) agree wherever README.md, docs/, the Makefile and the configs repeat them.
+test suite's count) agree with the records they were measured in, wherever README.md, docs/, the
+Makefile and the configs state them.
 
-Each figure has one source, the page whose table or run record holds it; every other place that
-states it is listed here and must give the same value, rounded to the digits it shows. A figure
-that changes is then changed everywhere, or this test names the place left behind."""
+Each measured figure has one source: its record, a file kept beside the docs
+(docs/records/*.json: a run's scores per seed, a device session's timings, a dry run's memory)
+or the package's own data (tfds' checksum list for WMT14's archives); a figure derived from
+several (a mean ± sd over seeds, a ratio of two timings) is computed here from them. Every
+place that states the figure is listed and must give the same value, rounded to the digits it
+shows. A figure changed in the docs alone, even everywhere at once, fails here: changing it
+means changing the record. Nothing here reruns anything: the records are read as kept."""
+import importlib.util
+import json
 import pathlib
 import re
+import statistics
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+RECORDS = REPO / "docs" / "records"
+
+
+def record(name: str) -> dict:
+  return json.loads((RECORDS / name).read_text())
+
+
+def mean_and_sd(values) -> tuple[str, str]:
+  """Mean and sample standard deviation over seeds, as the docs give them."""
+  return str(statistics.mean(values)), str(statistics.stdev(values))
+
+
+def multi30k(*path):
+  figures = record("multi30k_test2016.json")
+  for key in path:
+    figures = figures[key]
+  return figures
+
+
+def over_seeds(decoding: str) -> tuple[str, str]:
+  return mean_and_sd([seed[decoding] for seed in multi30k("by_seed").values()])
+
+
+def table4(*path):
+  figures = record("table4_parsing_sample.json")
+  for key in path:
+    figures = figures[key]
+  return figures
+
+
+def against_teacher(test: str) -> tuple[str, ...]:
+  found = table4("gold and silver against the teacher", test)
+  return tuple(str(v) for v in (found["difference"], *found["interval"], found["p"]))
+
+
+H200 = "h200_base_step_2026-11-27.json"
+# The four archives WMT14 EN-DE's builder downloads, as tfds' checksum list names them.
+WMT14_DE_EN_ARCHIVES = ("dev.tgz", "training-parallel-europarl-v7.tgz",
+                        "training-parallel-commoncrawl.tgz", "training-parallel-nc-v9.tgz")
+
+
+def wmt14_archive_bytes() -> dict:
+  """{archive: bytes} from the installed tfds' url_checksums/wmt14_translate.txt (found without
+  importing tfds, which takes seconds)."""
+  package = importlib.util.find_spec("tensorflow_datasets").submodule_search_locations[0]
+  sizes = {}
+  for line in (pathlib.Path(package) / "url_checksums" / "wmt14_translate.txt").read_text(
+      ).splitlines():
+    url, size, _, name = line.split("\t")
+    sizes[name] = int(size)
+  return {name: sizes[name] for name in WMT14_DE_EN_ARCHIVES}
 
 # name: (source, [repeats]); each a (path, pattern) whose groups are the figures, in order.
 FIGURES = {
     "Multi30k test2016, greedy, last 5 averaged, seed 0": (
-        ("docs/RESULTS.md", r"\| greedy \| last 5 checkpoints averaged \| \*\*(\d+\.\d+)\*\*"),
-        [("README.md", r"EN→DE, greedy, last 5 checkpoints averaged .*?the code of 2026-11-28: "
+        (lambda: (str(multi30k("by_seed", "0", "greedy, last 5 averaged")),)),
+        [("docs/RESULTS.md", r"\| greedy \| last 5 checkpoints averaged \| \*\*(\d+\.\d+)\*\*"),
+         ("README.md", r"EN→DE, greedy, last 5 checkpoints averaged .*?the code of 2026-11-28: "
                        r"(\d+\.\d+);"),
          ("configs/multi30k.py", r"(\d+\.\d+) greedy and \d+\.\d+ with beam 4"),
          ("docs/RECIPE.md", r"greedy line moved to the averaged checkpoints, chosen on "
                             r"validation: (\d+\.\d+)")]),
     "Multi30k test2016, beam 4, last 5 averaged, seed 0": (
-        ("docs/RESULTS.md", r"\| beam 4, alpha 0\.6 \(the paper's recipe\) \| last 5 checkpoints "
+        (lambda: (str(multi30k("by_seed", "0", "beam 4, last 5 averaged")),)),
+        [("docs/RESULTS.md", r"\| beam 4, alpha 0\.6 \(the paper's recipe\) \| last 5 checkpoints "
                             r"averaged \| \*\*(\d+\.\d+)\*\*"),
-        [("README.md", r"EN→DE, beam 4, last 5 checkpoints averaged .*?the code of 2026-11-28: "
+         ("README.md", r"EN→DE, beam 4, last 5 checkpoints averaged .*?the code of 2026-11-28: "
                        r"(\d+\.\d+);"),
          ("configs/multi30k.py", r"\d+\.\d+ greedy and (\d+\.\d+) with beam 4"),
          ("docs/RECIPE.md", r"the beam figure is (\d+\.\d+)")]),
     # make quickstart at today's code: another draw of dropout's masks than the rows above
     # (522d693), read once on test2016 (docs/RESULTS.md).
     "Multi30k test2016, make quickstart at today's code: greedy, beam 4": (
-        ("docs/RESULTS.md", r"`make\s+quickstart` gave \*\*(\d+\.\d+)\*\* greedy and "
+        (lambda: tuple(str(multi30k("make quickstart at today's code", decoding)) for decoding in
+                        ("greedy, last 5 averaged", "beam 4, last 5 averaged"))),
+        [("docs/RESULTS.md", r"`make\s+quickstart` gave \*\*(\d+\.\d+)\*\* greedy and "
                             r"\*\*(\d+\.\d+)\*\* with beam 4"),
-        [("README.md", r"EN→DE, greedy, [^\n]*?\| (\d+\.\d+) sacreBLEU at today's code[^\n]*\n"
+         ("README.md", r"EN→DE, greedy, [^\n]*?\| (\d+\.\d+) sacreBLEU at today's code[^\n]*\n"
                        r"\| EN→DE, beam 4, [^\n]*?\| (\d+\.\d+) sacreBLEU at today's code"),
          ("README.md", r"version:2\.6\.0 = (\d+\.\d+) \.\.\.")]),
     "Multi30k test2016, greedy, 3 seeds": (
-        ("docs/RESULTS.md", r"\| greedy, last 5 averaged \| \*\*(\d+\.\d+) ± (\d+\.\d+)\*\*"),
-        [("README.md", r"EN→DE, greedy, .*?3 seeds (\d+\.\d+) ± (\d+\.\d+)\)"),
+        (lambda: over_seeds("greedy, last 5 averaged")),
+        [("docs/RESULTS.md", r"\| greedy, last 5 averaged \| \*\*(\d+\.\d+) ± (\d+\.\d+)\*\*"),
+         ("README.md", r"EN→DE, greedy, .*?3 seeds (\d+\.\d+) ± (\d+\.\d+)\)"),
          ("configs/multi30k.py", r"seeds 0, 1, 2:\s+(\d+\.\d+) \+- (\d+\.\d+) and"),
          ("docs/RESULTS.md", r"averaged checkpoints \((\d+\.\d+) ± (\d+\.\d+) over three seeds"),
          ("docs/RECIPE.md", r"\d+\.\d+\s+\((\d+\.\d+) ± (\d+\.\d+) over three seeds\)")]),
     "Multi30k test2016, beam 4, 3 seeds": (
-        ("docs/RESULTS.md", r"\| beam 4, last 5 averaged \| \*\*(\d+\.\d+) ± (\d+\.\d+)\*\*"),
-        [("README.md", r"EN→DE, beam 4, .*?3 seeds (\d+\.\d+) ± (\d+\.\d+)\)"),
+        (lambda: over_seeds("beam 4, last 5 averaged")),
+        [("docs/RESULTS.md", r"\| beam 4, last 5 averaged \| \*\*(\d+\.\d+) ± (\d+\.\d+)\*\*"),
+         ("README.md", r"EN→DE, beam 4, .*?3 seeds (\d+\.\d+) ± (\d+\.\d+)\)"),
          ("configs/multi30k.py", r"\+- \d+\.\d+ and (\d+\.\d+) \+- (\d+\.\d+);"),
          ("docs/RESULTS.md", r"beam \*\*not\s+met\*\* \((\d+\.\d+) ± (\d+\.\d+)\)")]),
     # Table 4 at today's code (docs/PARSING.md's final table, 2026-11-30); the table of
     # 2026-11-27 at the older code is history in the lab notes.
     "Table 4, gold only, 3 seeds": (
-        ("docs/PARSING.md", r"\| gold only, constrained \(beam 10, alpha 2\.0, last \d+: chosen on "
+        (lambda: mean_and_sd(table4("f1_by_seed", "gold only, constrained (beam 10, alpha 2.0, "
+                                                 "last 20)"))),
+        [("docs/PARSING.md", r"\| gold only, constrained \(beam 10, alpha 2\.0, last \d+: chosen on "
                             r"validation\) \| (\d+\.\d+) ± (\d+\.\d+)"),
-        [("README.md", r"`configs/parsing_sample.py`\) \| Penn Treebank sample \| (\d+\.\d+) ± "
+         ("README.md", r"`configs/parsing_sample.py`\) \| Penn Treebank sample \| (\d+\.\d+) ± "
                        r"(\d+\.\d+) F1"),
          ("docs/PARSING.md", r"The gold-only config gives\s+(\d+\.\d+) ± (\d+\.\d+)"),
          ("docs/RESULTS.md", r"\*\*Gold only, (\d+\.\d+) ± (\d+\.\d+)\*\*")]),
     "Table 4, gold and silver, 3 seeds": (
-        ("docs/PARSING.md", r"\| \*\*gold and silver, constrained\*\* \(beam 10, alpha 2\.0, "
+        (lambda: mean_and_sd(table4("f1_by_seed", "gold and silver, constrained (beam 10, alpha "
+                                                 "2.0, last 20)"))),
+        [("docs/PARSING.md", r"\| \*\*gold and silver, constrained\*\* \(beam 10, alpha 2\.0, "
                             r"last \d+: chosen on validation\) \| \*\*(\d+\.\d+) ± (\d+\.\d+)\*\*"),
-        [("README.md", r"`configs/parsing_silver.py`\) \| Penn Treebank sample \| (\d+\.\d+) ± "
+         ("README.md", r"`configs/parsing_silver.py`\) \| Penn Treebank sample \| (\d+\.\d+) ± "
                        r"(\d+\.\d+) F1"),
          ("docs/PARSING.md", r"semi-supervised config's mean test\s+F1 is (\d+\.\d+) ± (\d+\.\d+)"),
          ("docs/lab_notes/PARSING.md", r"seeds of each row on the test files: (\d+\.\d+) ± (\d+\.\d+)"),
          ("docs/RESULTS.md", r"\*\*Semi-supervised, (\d+\.\d+) ± (\d+\.\d+)\*\*")]),
     "Table 4, the teacher PCFG": (
-        ("docs/PARSING.md", r"\| PCFG \(h=2, parent-annotated, h=1 back-off\): \*\*the teacher\*\* "
+        (lambda: (str(table4("teacher PCFG (h=2, parent-annotated, h=1 back-off) f1")),)),
+        [("docs/PARSING.md", r"\| PCFG \(h=2, parent-annotated, h=1 back-off\): \*\*the teacher\*\* "
                             r"\| \*\*(\d+\.\d+)\*\*"),
-        [("README.md", r"strongest PCFG baseline's (\d+\.\d+)"),
+         ("README.md", r"strongest PCFG baseline's (\d+\.\d+)"),
          ("docs/PARSING.md", r"parent-annotated PCFG with h=2 \((\d+\.\d+)\), which is the teacher"),
          ("docs/lab_notes/PARSING.md", r"against the teacher's (\d+\.\d+)"),
          ("docs/RESULTS.md", r"\*\*The teacher, (\d+\.\d+)\.\*\*")]),
     "Table 4, gold and silver against the teacher, seeds and sentences (two-sided p)": (
-        ("docs/PARSING.md", r"\| \*\*gold and silver, constrained\*\* \(beam[^\n]*?\| \*\*([+-]\d+\.\d+) "
+        (lambda: against_teacher("seeds and sentences (two-sided)")),
+        [("docs/PARSING.md", r"\| \*\*gold and silver, constrained\*\* \(beam[^\n]*?\| \*\*([+-]\d+\.\d+) "
                             r"\[([+-]\d+\.\d+), ([+-]\d+\.\d+)\], p = (\d\.\d+)\*\* \|\n"),
-        [("docs/PARSING.md", r"\| gold and silver, constrained \| [^|]* \| ([+-]\d+\.\d+) "
+         ("docs/PARSING.md", r"\| gold and silver, constrained \| [^|]* \| ([+-]\d+\.\d+) "
                              r"\[([+-]\d+\.\d+), ([+-]\d+\.\d+)\], p = (\d\.\d+) \|"),
          ("docs/PARSING.md", r"mean test\s+F1 is \d+\.\d+ ± \d+\.\d+, (\d+\.\d+) above.*?two-sided, "
                              r"95% interval\s+\[([+-]\d+\.\d+), ([+-]\d+\.\d+)\], p = (\d\.\d+)"),
@@ -88,47 +159,55 @@ FIGURES = {
          ("configs/parsing_silver.py", r"(\d+\.\d+) above the teacher \(over seeds and\s+"
                                        r"sentences, two-sided\s+p = (\d\.\d+)")]),
     "Table 4, gold and silver against the teacher, sentences only (seeds held; one-sided p)": (
-        ("docs/PARSING.md", r"\| gold and silver, constrained \| ([+-]\d+\.\d+) \[([+-]\d+\.\d+), "
+        (lambda: against_teacher("sentences only, seeds held (one-sided)")),
+        [("docs/PARSING.md", r"\| gold and silver, constrained \| ([+-]\d+\.\d+) \[([+-]\d+\.\d+), "
                             r"([+-]\d+\.\d+)\], p = (\d\.\d+) \|"),
-        [("docs/PARSING.md", r"over the test sentences alone, the seeds held fixed: one-sided\s+"
+         ("docs/PARSING.md", r"over the test sentences alone, the seeds held fixed: one-sided\s+"
                              r"p = (\d\.\d+)"),
          ("README.md", r"the earlier tables' test gives\s+one-sided p = (\d\.\d+)"),
          ("docs/RESULTS.md", r"the earlier tables' test, one-sided p = (\d\.\d+)"),
          ("configs/parsing_silver.py", r"over the test sentences alone,\s+one-sided p = (\d\.\d+)")]),
     "Table 4, minutes to train one row's seed": (
-        ("docs/PARSING.md", r"Both rows train 9,500 steps in (\d+) minutes on this boot"),
-        [("README.md", r"parsing, section 6\.3 .*?\| 9,500 steps, (\d+) min, 2 CPU cores"),
+        (lambda: (str(table4("train_minutes_per_seed")),)),
+        [("docs/PARSING.md", r"Both rows train 9,500 steps in (\d+) minutes on this boot"),
+         ("README.md", r"parsing, section 6\.3 .*?\| 9,500 steps, (\d+) min, 2 CPU cores"),
          ("README.md", r"parsing, semi-supervised: .*?\| 9,500 steps, (\d+) min, 2 CPU cores"),
          ("docs/RESULTS.md", r"9,500 steps of (\d+) minutes each")]),
     "The quick start's minutes (make quickstart, whole)": (
-        ("docs/RESULTS.md", r"took \*\*(\d+) min \d+ s\*\* in all"),
-        [("README.md", r"EN→DE, greedy, [^\n]*\| (\d+) min, 2 CPU cores"),
+        (lambda: (str(multi30k("make quickstart, fresh clone, whole", "wall_seconds") // 60),)),
+        [("docs/RESULTS.md", r"took \*\*(\d+) min \d+ s\*\* in all"),
+         ("README.md", r"EN→DE, greedy, [^\n]*\| (\d+) min, 2 CPU cores"),
          ("configs/multi30k.py", r"trained in about (\d+) minutes"),
          ("docs/TRAIN.md", r"5100 steps\) in about (\d+) minutes")]),
     "The H200's base step: ms, x PyTorch eager, x torch.compile": (
-        ("docs/RESULTS.md", r"On the H200 base's step is (\d+\.\d+)x PyTorch eager and "
+        (lambda: tuple(str(record(H200)[torch] / record(H200)["step_ms_median_after_first"])
+                        for torch in ("torch_eager_step_ms", "torch_compile_step_ms"))),
+        [("docs/RESULTS.md", r"On the H200 base's step is (\d+\.\d+)x PyTorch eager and "
                             r"(\d+\.\d+)x torch\.compile"),
-        [("README.md", r"base's in \d+\.\d+ ms, (\d+\.\d+)x PyTorch eager and (\d+\.\d+)x "
+         ("README.md", r"base's in \d+\.\d+ ms, (\d+\.\d+)x PyTorch eager and (\d+\.\d+)x "
                        r"`torch\.compile`"),
          ("docs/PERFORMANCE.md", r"(\d+\.\d+)x torch eager, (\d+\.\d+)x torch\.compile"),
          ("docs/lab_notes/PERFORMANCE.md", r"(\d+\.\d+)x torch eager, (\d+\.\d+)x "
                                            r"torch\.compile")]),
     "The H200's base step, ms": (
-        ("docs/RESULTS.md", r"Base's MFU is half the plan's 0\.4: its kernels take \d+ ms of the "
+        (lambda: (str(record(H200)["step_ms_median_after_first"]),)),
+        [("docs/RESULTS.md", r"Base's MFU is half the plan's 0\.4: its kernels take \d+ ms of the "
                             r"(\d+\.\d+)"),
-        [("README.md", r"base's in (\d+\.\d+) ms"),
+         ("README.md", r"base's in (\d+\.\d+) ms"),
          ("docs/PERFORMANCE.md", r"base (\d+\.\d+) ms per step"),
          ("docs/lab_notes/PERFORMANCE.md", r"base (\d+\.\d+) ms per step")]),
     "Base's train step compiled for one H100, GiB": (
-        ("docs/SCALE.md", r"\| base \| gpu-h100x1 \| bfloat16 \| (\d+\.\d+) \(122x256\)"),
-        [("docs/lab_notes/SCALE.md", r"\d+\.\d+ against (\d+\.\d+) on one H100; big"),
+        (lambda: (str(record("base_h100_compiled.json")["train_step_gib"]),)),
+        [("docs/SCALE.md", r"\| base \| gpu-h100x1 \| bfloat16 \| (\d+\.\d+) \(122x256\)"),
+         ("docs/lab_notes/SCALE.md", r"\d+\.\d+ against (\d+\.\d+) on one H100; big"),
          ("docs/lab_notes/SCALE.md", r"\| gpu-h100x1 \| base: train step \| (\d+\.\d+) GiB "
                                      r"\(SCALE\.md's compiled table\)"),
          ("docs/lab_notes/SCALE.md", r"base for one H100 compiled, earlier and with\s+the CPU less "
                                      r"busy: (\d+\.\d+) GiB")]),
     "WMT14 EN-DE, GB downloaded (tfds' archives)": (
-        ("docs/MULTI_HOST.md", r"the WMT dev sets 39 MB: (\d+\.\d+) GB\) and prepares 4\.5M pairs"),
-        [("README.md", r"prepare WMT14 once \((\d+\.\d+) GB\s+downloaded"),
+        (lambda: (str(sum(wmt14_archive_bytes().values()) / 1e9),)),
+        [("docs/MULTI_HOST.md", r"the WMT dev sets 39 MB: (\d+\.\d+) GB\) and prepares 4\.5M pairs"),
+         ("README.md", r"prepare WMT14 once \((\d+\.\d+) GB\s+downloaded"),
          ("docs/TRAIN.md", r"(\d+\.\d+) GB downloaded")]),
     "Checkpoints the quick start's scores average": (
         ("configs/multi30k.py", r"c\.average_last_checkpoints = (\d+)"),
@@ -153,9 +232,10 @@ def rounded_alike(source: str, repeat: str) -> bool:
 
 
 @pytest.mark.parametrize("name", FIGURES)
-def test_a_figure_repeated_agrees_with_its_source(name):
+def test_a_figure_stated_agrees_with_its_record(name):
   source, repeats = FIGURES[name]
-  values = figures(*source)
+  values = source() if callable(source) else figures(*source)
+  where = "its record" if callable(source) else source[0]
   for path, pattern in repeats:
     repeated = figures(path, pattern)
     # A place that states fewer figures than the source gives the first and the last (the
@@ -165,7 +245,27 @@ def test_a_figure_repeated_agrees_with_its_source(name):
                 else values[:1] + values[-1:])
     assert len(repeated) == len(expected), (path, repeated, values)
     assert all(rounded_alike(v, r) for v, r in zip(expected, repeated)), (
-        f"{name}: {path} says {', '.join(repeated)}; {source[0]} says {', '.join(values)}")
+        f"{name}: {path} says {', '.join(repeated)}; {where} says {', '.join(values)}")
+
+
+def test_the_wmt14_archives_are_named_with_the_bytes_tfds_lists():
+  """docs/MULTI_HOST.md names each archive's size (MB) beside the total (the figure above)."""
+  sizes = wmt14_archive_bytes()
+  stated = figures("docs/MULTI_HOST.md", r"Europarl v7 (\d+) MB, Common Crawl (\d+) MB, News\s+"
+                   r"Commentary v9 (\d+) MB, the WMT dev sets (\d+) MB")
+  expected = [sizes[name] / 1e6 for name in ("training-parallel-europarl-v7.tgz",
+                                              "training-parallel-commoncrawl.tgz",
+                                              "training-parallel-nc-v9.tgz", "dev.tgz")]
+  assert all(rounded_alike(str(e), s) for e, s in zip(expected, stated)), (stated, expected)
+
+
+def test_the_h200_timings_the_planner_reads_are_the_session_s_record():
+  """kernel_census's measured row (what the dry run's MFU and the census use) is the record's."""
+  from aiayn_flax.planning import kernel_census
+  kept = record(H200)
+  assert kernel_census.MEASURED_H200_BASE == {
+      "launches": kept["kernel_launches"], "kernels_ms": kept["kernels_ms"],
+      "step_ms": kept["step_ms_median_after_first"]}
 
 
 def test_the_test_suite_s_count_and_time_are_stated_once():

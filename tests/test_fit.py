@@ -5,6 +5,7 @@ step; one line says what was tried and chosen. The dry run's time estimate names
 import os
 import re
 
+import numpy as np
 import pytest
 
 from aiayn_flax import config_checks, devices, train_step
@@ -24,12 +25,28 @@ DIGEST = re.compile(r"^params_digest: ([0-9a-f]{64})$", re.M)
 @pytest.mark.parametrize("shards", [1, 8])
 @pytest.mark.parametrize("accumulation", [1, 2, 3, 7, 32])
 def test_the_micro_batch_written_gives_the_accumulation_chosen(accumulation, shards):
+  """fit's micro_batch_tokens_per_device gives the accumulation chosen, each micro-batch the
+  trainer builds (trainer.micro_batch_config) fits the slots written, and an optimizer step's
+  micro-batches hold the config's real tokens: counted as the batcher sizes them
+  (bucketing.rows_per_bucket) over a corpus of one length, against tokens_per_batch, within
+  the rounding of each batch's rows to a multiple of the shards."""
+  from aiayn_flax.training import trainer
   config = base.get_config()
   config.micro_batch_tokens_per_device = fit.micro_batch_tokens(config, accumulation, shards)
   assert train_step.accumulation_steps(config, shards) == accumulation
-  # the optimizer step keeps the config's tokens: k micro-batches of tokens_per_batch // k
-  assert (accumulation * (config.tokens_per_batch // accumulation)
-          > config.tokens_per_batch - accumulation)
+  micro = trainer.micro_batch_config(config, accumulation)
+  if accumulation > 1:
+    assert (bucketing.padded_budget(micro.tokens_per_batch)
+            <= config.micro_batch_tokens_per_device * shards)
+  length = 24  # every example: 24 tokens a side (the bucket of 24)
+  lengths = np.full(1000, length)
+  # (the buckets up to it: 32 micro-batches on 8 shards hold no row of the longest ones)
+  boundaries = [b for b in bucketing.boundaries_for(config.dataset) if b <= length]
+  rows = bucketing.rows_per_bucket(lengths, lengths, boundaries, micro.tokens_per_batch, shards)
+  step_tokens = accumulation * rows[-1] * length
+  assert abs(step_tokens - config.tokens_per_batch) <= accumulation * (shards * length / 2 + 1)
+  if accumulation == shards == 1:
+    assert step_tokens == 25008  # 1042 rows of 24: the rows nearest 25,000 tokens
 
 
 def test_the_most_micro_batches_still_hold_a_row_of_the_longest_bucket_per_shard():

@@ -201,7 +201,10 @@ def test_a_disk_that_fills_just_after_a_checkpoint_stops_before_the_next_and_res
   with tmpfs(tmp_path / "disk", "16m") as disk:
     with filled_when(disk / "run", "20") as filler:  # the finished folder (renamed from its tmp)
       result = train(disk / "run", "--config.checkpoint_asynchronously=false")
-    stopped_in_one_line(result, "the disk is full", "the newest intact checkpoint is step 20 in")
+    # Stopped by the check before the save (its line weighs the free space against the
+    # checkpoint), not by orbax meeting the full disk inside the save.
+    stopped_in_one_line(result, "free where the checkpoint of step 40 needs",
+                        "the newest intact checkpoint is step 20 in")
     assert checkpoints.finished_steps(str(disk / "run")) == [20]
     # A leftover of a save killed mid-way (kill -9): the next start removes it.
     os.remove(filler[0])
@@ -233,16 +236,26 @@ def test_a_read_only_workdir_stops_in_one_line_and_a_read_only_cache_only_warns(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fill_at", ["10", "20.orbax-checkpoint-tmp"])  # after 10; during 20
-def test_two_hosts_whose_workdir_fills_both_stop_within_a_minute_in_one_line_each(fill_at,
-                                                                                   tmp_path):
+@pytest.mark.parametrize("fill_at,replica_parallel", [
+    ("10", "0"),  # after checkpoint 10: both hosts stop before 20, which would not fit
+    ("20.orbax-checkpoint-tmp", "1"),  # during 20, saved as on a CPU or TPU
+    ("20.orbax-checkpoint-tmp", "0")])  # during 20, saved as on a GPU
+def test_two_hosts_whose_workdir_fills_both_stop_within_a_minute_in_one_line_each(
+    fill_at, replica_parallel, tmp_path):
+  """With orbax's copy to the host in slices off (replica_parallel "0", as orbax has it where
+  JAX_PLATFORMS names a GPU), a disk filling during the save of 20 fails process 0's part
+  before it makes the folder of the array metadata; process 1 then polls for that folder for
+  up to 10 minutes inside orbax, while process 0 waits for it in JAX's shutdown: both hung
+  until killed. Process 0's line now reaches process 1 through the coordinator
+  (host_agreement.peers_watched), which stops it with that line."""
   flags = ["train.py", "--config=configs/toy.py", TOY_ONE_LAYER, "--config.num_train_steps=30",
            "--config.checkpoint_every_steps=10", "--config.log_every_steps=10",
            "--config.checkpoint_asynchronously=false", "--config.eval_every_steps=1000",
            "--config.dataset.toy_eval_examples=10"]
   with tmpfs(tmp_path / "disk", "16m") as disk:
     with filled_when(disk / "run", fill_at) as filler:
-      results = launch([*flags, f"--workdir={disk / 'run'}"], 2, 2, timeout=300)
+      results = launch([*flags, f"--workdir={disk / 'run'}"], 2, 2, timeout=150, env={
+          checkpoints.TEST_REPLICA_PARALLEL_VARIABLE: replica_parallel})
       ended = time.monotonic()
     assert filler, "the disk was not filled: no checkpoint of step 10"
     for process, result in enumerate(results):

@@ -160,7 +160,8 @@ def _training_only(call: Call) -> str:
 
 def _cuda_triton(target: Target, name: str) -> str:
   if target.platform != "gpu":
-    return f"{name} needs a CUDA GPU; this program is for {target.platform or 'an unknown platform'}"
+    where = target.platform or "an unknown platform"
+    return f"{name} needs a CUDA GPU; this program is for {where}"
   if target.capability < 8.0:
     return (f"{name} needs compute capability 8.0 or more; this GPU's is "
             f"{target.compute_capability or 'not CUDA'}")
@@ -239,7 +240,8 @@ BACKENDS = {b.name: b for b in [
     Backend("xla", _refuses_xla, _run_through_jax("xla")),
     Backend("cudnn", _refuses_cudnn, _run_through_jax("cudnn")),
     Backend("pallas", _refuses_pallas, _run_pallas),
-    Backend("decoding_step", _refuses_decoding("decoding_step"), _run_decoding(forms.decoding_step)),
+    Backend("decoding_step", _refuses_decoding("decoding_step"),
+            _run_decoding(forms.decoding_step)),
     Backend("beam", _refuses_decoding("beam"), _run_decoding(forms.beam)),
 ]}
 # What "auto" tries in order, by platform (the first that serves a call).

@@ -57,6 +57,11 @@ def manager(workdir: str, keep: int | None = None, read_only: bool = False,
                                item_names=("state", "meta"))
 
 
+# Test-only: "0" saves as on a GPU (orbax's copy to the host in slices, replica-parallel, off:
+# what orbax does where JAX_PLATFORMS names a GPU), "1" as orbax does on a CPU or TPU.
+TEST_REPLICA_PARALLEL_VARIABLE = "AIAYN_TEST_REPLICA_PARALLEL"
+
+
 @functools.cache
 def _save_whole_arrays_on_cpu() -> None:
   """Orbax copies an array held by several devices to host memory in slices, one per device
@@ -64,9 +69,12 @@ def _save_whole_arrays_on_cpu() -> None:
   devices' links. CPU devices share the host's memory, so there it gains nothing and costs a
   compiled slicing program per array at a process's first save (96 programs, 3.4 s, for the toy
   model's state on 4 devices). Only how the bytes reach the host changes, not what is written.
-  One process only: on 2 hosts without it, a disk that filled during a save left the run
-  hanging instead of stopping both hosts (tests/test_storage_failures.py), not yet understood."""
-  if jax.default_backend() != "cpu" or jax.process_count() > 1:
+  One process only, so that the test clusters save as a TPU pod does; a GPU cluster saves with
+  it off, which tests/test_storage_failures.py runs on a CPU cluster with the variable above."""
+  forced = os.environ.get(TEST_REPLICA_PARALLEL_VARIABLE)
+  if forced is None and (jax.default_backend() != "cpu" or jax.process_count() > 1):
+    return
+  if forced == "1":
     return
   default = ocp.type_handlers.get_type_handler(jax.Array)
   ocp.type_handlers.register_type_handler(

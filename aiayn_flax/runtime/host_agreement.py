@@ -13,14 +13,26 @@ What each host reads for itself before it can compare anything (the config file 
 its disk): `stop_if_any_failed` and `on_every_host` make that host's error stop every host at
 once, each in one line, instead of leaving the others waiting in a collective for one that has
 stopped, until JAX's timeouts.
+
+A host can also stop alone where no host agreement is reached first: inside a library's save
+(orbax), where its peers then wait for it. `say_stopped` puts its one line in the coordinator's
+key-value store, and `peers_watched` (around the whole training on every host) ends any process
+that finds such a line, at once, with that line (naming its process) and exit status 1: the
+watch is a thread of its own, so the process's main thread may be waiting anywhere (in orbax's
+polling, a barrier, a collective).
 """
+import contextlib
 import hashlib
 import json
+import os
+import sys
+import threading
 
 import jax
+from absl import logging
 from etils import epath
 
-from aiayn_flax.runtime import process_zero
+from aiayn_flax.runtime import process_zero, storage_errors
 
 
 class HostsDisagree(ValueError):
@@ -55,6 +67,82 @@ def on_every_host(name: str, work):
     raise
   stop_if_any_failed(name, None)
   return result
+
+
+# Where a process that stops alone says so (the coordinator's key-value store), and how often
+# the other processes look there (one small request to process 0's coordinator each time).
+_STOPPED_KEYS = "aiayn_flax/stopped/"
+WATCH_INTERVAL_S = 0.5
+# Taken by what ends this process first, its own error or another host's line: the other stands
+# down, so that the process prints one line, not two.
+_ending = threading.Lock()
+
+
+def say_stopped(line: str | None) -> None:
+  """This process stops on `line` (one line, e.g. a failed write): the others, wherever they
+  wait for it, stop with it (`peers_watched`); None: it stops on another host's line, which
+  that host has said already. Where another host's line is already ending this process (the
+  watch), waits for that instead."""
+  if jax.process_count() == 1:
+    return
+  if not _ending.acquire(blocking=False):
+    threading.Event().wait()  # the watch is ending this process with another host's line
+  client = process_zero._client()  # noqa: SLF001 - the one place that reaches it
+  if line is None or client is None:
+    return
+  try:
+    client.key_value_set(f"{_STOPPED_KEYS}{jax.process_index()}", line)
+  except Exception as e:  # noqa: BLE001 - the coordinator may be gone: nothing more to say
+    logging.debug("could not tell the other hosts that this one stops: %s", e)
+
+
+def end_process(line: str) -> None:
+  """Ends this process with exit status 1 after `line` on stderr: leaves the cluster (the
+  other hosts are stopping too, so JAX's shutdown barrier passes), then exits without waiting
+  for threads that a library left waiting (orbax polls up to 10 minutes for a folder that a
+  host which stopped will never make)."""
+  if jax.process_count() == 1:
+    sys.exit(line)
+  storage_errors.stopping()  # a library thread failing here too: its records after the line
+  sys.stdout.flush()
+  print(line, file=sys.stderr, flush=True)
+  logging.flush()
+  try:
+    jax.distributed.shutdown()
+  except Exception as e:  # noqa: BLE001 - leaving anyway
+    logging.debug("leaving the cluster: %s", e)
+  os._exit(1)
+
+
+@contextlib.contextmanager
+def peers_watched(program: str):
+  """While the block runs, a thread reads every WATCH_INTERVAL_S the lines of hosts that
+  stopped alone (`say_stopped`); on one from another host, it ends this process
+  (`end_process`) with "PROGRAM: error: process N stopped: LINE". One process: nothing."""
+  client = process_zero._client() if jax.process_count() > 1 else None  # noqa: SLF001
+  if client is None:
+    yield
+    return
+  done = threading.Event()
+
+  def watch():
+    while not done.wait(WATCH_INTERVAL_S):
+      try:
+        stopped = sorted(client.key_value_dir_get(_STOPPED_KEYS))
+      except Exception:  # noqa: BLE001 - the coordinator is gone: this process ends anyway
+        return
+      others = [(key, line) for key, line in stopped
+                if key.rsplit("/", 1)[-1] != str(jax.process_index())]
+      if others and _ending.acquire(blocking=False):
+        key, line = others[0]
+        end_process(f"{program}: error: process {key.rsplit('/', 1)[-1]} stopped: {line}")
+  thread = threading.Thread(target=watch, name="peers_watched", daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
 
 
 def check(facts: dict, hints: dict | None = None) -> None:

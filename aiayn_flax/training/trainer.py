@@ -3,6 +3,8 @@
 What it reports is in metrics.py, resuming in resume.py, the checks on checkpoints' room in
 checkpoint_room.py."""
 import contextlib
+import itertools
+import os
 import time
 
 import jax
@@ -28,8 +30,19 @@ class NonFiniteTrainingError(RuntimeError):
   pass
 
 
+# Test-only: "30" makes this process's trainer clock (below) advance 30 s at each reading, and
+# "0" stand still, so that the hosts of a test cluster each read a clock of their own.
+TEST_CLOCK_VARIABLE = "AIAYN_TEST_SECONDS_PER_CLOCK_READING"
+
+
+def _test_clock(seconds_per_reading: float):
+  readings = itertools.count()
+  return lambda: seconds_per_reading * next(readings)
+
+
 # The trainer's clock for checkpoints by time (config.checkpoint_every_minutes); tests replace it.
-clock = time.monotonic
+clock = (_test_clock(float(os.environ[TEST_CLOCK_VARIABLE])) if TEST_CLOCK_VARIABLE in os.environ
+         else time.monotonic)
 
 
 class RunsOfOneShape:
@@ -103,14 +116,14 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
   storage_errors.WriteFailed, one line naming the path, the cause, the newest intact
   checkpoint and what to do; the libraries' tracebacks go to the debug log (-v 1)."""
   config_checks.check_config(config)
-  with storage_errors.library_tracebacks_to_debug_log():
+  # On several hosts, one that stops alone (its part of a save failed) ends the others too,
+  # wherever they wait for it (inside orbax, in a collective): host_agreement.peers_watched.
+  with storage_errors.library_tracebacks_to_debug_log(), host_agreement.peers_watched(
+      "train.py"):
     opened = []  # the run's checkpoint manager, once there is one
     try:
       return _held_and_checked(config, workdir, force_resume, opened)
     except Exception as e:
-      if storage_errors.cause(e):  # orbax's threads end here, their errors off the terminal
-        for mngr in opened:
-          _close_quietly(mngr)
       unfinished = checkpoints.unfinished_step(workdir)  # a save that failed mid-way
       if unfinished is None:  # its folder already removed by process 0: the path says which
         unfinished = checkpoints.unfinished_step_in(storage_errors.failed_path(e))
@@ -122,6 +135,12 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
                                     host_agreement.AnotherHostFailed))
       if failure is None and not another_host:
         raise
+      # Before anything that may wait: the other hosts may be waiting for this one inside
+      # orbax (a save whose part failed here alone); they stop with this line.
+      host_agreement.say_stopped(None if another_host else str(failure))
+      if storage_errors.cause(e):  # orbax's threads end here, their errors off the terminal
+        for mngr in opened:
+          _close_quietly(mngr)
       # This process's orbax threads may still be failing at the same full disk after its
       # one line: their records go to the debug log, so that the line stays the last.
       storage_errors.stopping()
@@ -129,6 +148,15 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
         raise  # (another process's failure is one line already: it names that process)
       checkpoints.remove_unfinished(workdir)
       raise failure from e
+
+
+def micro_batch_config(config, accumulation: int):
+  """The config each of an optimizer step's `accumulation` micro-batches is built with: the
+  step's tokens_per_batch shared between them, rounded down, so that a micro-batch's padded
+  budget stays within micro_batch_tokens_per_device x data shards."""
+  micro_config = config.copy_and_resolve_references()
+  micro_config.tokens_per_batch = config.tokens_per_batch // accumulation
+  return micro_config
 
 
 def _close_quietly(mngr) -> None:
@@ -171,10 +199,7 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
     raise ValueError(f"config.steps_per_call={steps_per_call}: must be >= 1, and 1 when a step "
                      f"accumulates micro-batches ({accumulation} here, from "
                      "micro_batch_tokens_per_device)")
-  micro_config = config.copy_and_resolve_references()
-  # Rounded down, so that a micro-batch's padded budget stays within
-  # micro_batch_tokens_per_device x data shards.
-  micro_config.tokens_per_batch = config.tokens_per_batch // accumulation
+  micro_config = micro_batch_config(config, accumulation)
   logging.info("%d micro-batch(es) of about %d real tokens per side (at most %d padded) per "
                "optimizer step", accumulation, micro_config.tokens_per_batch,
                bucketing.padded_budget(micro_config.tokens_per_batch))

@@ -161,6 +161,21 @@ def test_fields_free_on_resume_leave_the_learning_rate_schedule_alone():
                                         before, err_msg=f"{free} with {name}={value!r}")
 
 
+def test_a_field_fixed_when_the_saved_run_says_so(monkeypatch):
+  """Field.fixed_when: FREE on resume, except in runs whose saved values make it matter."""
+  import dataclasses
+  from aiayn_flax.training import resume
+  fields = tuple(dataclasses.replace(f, fixed_when=lambda saved: saved["seed"] == 7)
+                 if f.name == "num_train_steps" else f for f in config_checks.FIELDS)
+  monkeypatch.setattr(config_checks, "FIELDS", fields)
+  saved = resume.config_dict(toy.get_config())
+  longer = {**saved, "num_train_steps": saved["num_train_steps"] + 1}
+  assert resume.resume_conflicts(saved, longer) == []
+  saved_7, longer_7 = {**saved, "seed": 7}, {**longer, "seed": 7}
+  assert resume.resume_conflicts(saved_7, longer_7) == [
+      f"num_train_steps: {saved['num_train_steps']} -> {saved['num_train_steps'] + 1}"]
+
+
 def test_removed_fields_are_ignored_and_added_fields_compare_with_their_old_value():
   from aiayn_flax.training import resume
   current = resume.config_dict(toy.get_config())

@@ -60,8 +60,10 @@ flags.DEFINE_string("plain", "", "(internal) forms set to their plain value, com
 FLAGS = flags.FLAGS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Each part's share of the budget, as the rehearsal measured them (2 cores, contended; see the
-# report in session.md); quickstart takes what is left.
+# Each part's share of what is left when it starts (preflight: of the budget; quickstart: all
+# that is left). The rehearsal of 2026-12-07 (`--rehearse --break_pallas`, 2 contended cores,
+# 410 s of 570) took: preflight 2 s (0%), forms 223 s (54%), determinism 29 s (7%), quick start
+# 156 s (38%); on a GPU base's compiles (9 distinct programs) are the forms' unknown.
 SHARES = {"preflight": 0.05, "forms": 0.55, "determinism": 0.15, "quickstart": 1.0}
 TOLERANCE = {"bfloat16": 3e-2, "float32": 2e-5}  # tests/test_attention_backends.py's
 
@@ -548,7 +550,8 @@ def markdown(session: dict) -> str:
       f"{quick['train']['steps']} steps, test2016 greedy: BLEU {scores.get('sacrebleu', 0):.2f} "
       f"(sacrebleu), {scores.get('multi30k_bleu', 0):.2f} (Multi30k's lowercased)" if scores
       else "no score"))
-  lines += ["", "| part | exit | seconds | limit (s) | share of the budget |", "|---|---|---:|---:|---:|"]
+  lines += ["", "| part | exit | seconds | limit (s) | share of the budget |",
+            "|---|---|---:|---:|---:|"]
   for name, part in session["parts"].items():
     seconds = part.get("seconds", 0)
     exit_code = part.get("exit", ", ".join(str(r["exit"]) for r in part.get("runs", [])) or "-")

@@ -66,6 +66,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 156 s (38%); on a GPU base's compiles (9 distinct programs) are the forms' unknown.
 SHARES = {"preflight": 0.05, "forms": 0.55, "determinism": 0.15, "quickstart": 1.0}
 TOLERANCE = {"bfloat16": 3e-2, "float32": 2e-5}  # tests/test_attention_backends.py's
+QUICKSTART_KERNELS_BAR = 565  # tests/test_gpu_step.py: the quick start's step at 343 x 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,9 +183,11 @@ def summary_of(state, metrics, before) -> dict:
              if getattr(x, "ndim", 0) and np.issubdtype(x.dtype, np.floating)]
   updates = [np.asarray(a, np.float32) - np.asarray(b, np.float32) for a, b in
              zip(jax.tree.leaves(state.params), jax.tree.leaves(before.params))]
+  names = [jax.tree_util.keystr(path) for path, _ in
+           jax.tree_util.tree_flatten_with_path(before.params)[0]]
   return {"loss": float(metrics["loss_sum"]) / max(float(metrics["tokens"]), 1.0),
           "grad_norm": float(metrics["grad_norm"]), "moments": moments[:param_count],
-          "updates": updates}
+          "updates": updates, "names": names}
 
 
 def compare(on: dict, off: dict, dtype: str) -> tuple[bool, dict]:
@@ -199,12 +202,15 @@ def compare(on: dict, off: dict, dtype: str) -> tuple[bool, dict]:
            "grad_norm_off": off["grad_norm"], "tolerance": tolerance}
   ok = all(np.isfinite(on[k]) and abs(on[k] - off[k]) <= tolerance * abs(off[k])
            for k in ("loss", "grad_norm"))
-  worst = 0.0
-  for a, b in zip(on["moments"], off["moments"]):
+  worst, worst_name = 0.0, ""
+  for a, b, name in zip(on["moments"], off["moments"], on["names"]):
     scale = max(float(np.max(np.abs(b))), 1e-30)
-    worst = max(worst, float(np.max(np.abs(a - b))) / scale if np.all(np.isfinite(a))
-                else float("inf"))
+    difference = (float(np.max(np.abs(a - b))) / scale if np.all(np.isfinite(a))
+                  else float("inf"))
+    if difference > worst:
+      worst, worst_name = difference, name
   facts["gradient_max_difference_of_scale"] = worst
+  facts["gradient_worst_array"] = worst_name
   agree = sum(int(np.sum(np.sign(a) == np.sign(b))) for a, b in zip(on["updates"], off["updates"]))
   facts["update_signs_agreeing"] = agree / max(sum(a.size for a in on["updates"]), 1)
   finite = all(np.all(np.isfinite(a)) for a in on["updates"])
@@ -334,7 +340,14 @@ def check_determinism(out: str, plain: list[str], rehearse: bool) -> None:
   equal = all(np.array_equal(a, b, equal_nan=True) for a, b in zip(first, second))
   differing = sum(not np.array_equal(a, b, equal_nan=True) for a, b in zip(first, second))
   result = {"size": size, "batch": f"{rows}x{length}", "plain": plain, "steps": len(batches),
-            "bit_for_bit": equal, "arrays_differing": differing, "arrays": len(first)}
+            "bit_for_bit": equal, "arrays_differing": differing, "arrays": len(first),
+            "program": program_facts(compiled)}
+  if jax.devices()[0].platform == "gpu" and size == "quickstart":
+    # tests/test_gpu_step.py's bar for this program (deviceless for an H100: 565 kernels, 5%
+    # allowed), reached with every default form; a form made plain may add kernels.
+    result["census_bar"] = QUICKSTART_KERNELS_BAR
+    result["within_bar"] = result["program"]["kernels"] <= QUICKSTART_KERNELS_BAR * 1.05 and \
+        not (result["program"]["while"] or result["program"]["conditional"])
   with open(os.path.join(out, "determinism.json"), "w") as f:
     json.dump(result, f)
   print(json.dumps(result), flush=True)
@@ -543,7 +556,10 @@ def markdown(session: dict) -> str:
   det = session.get("determinism") or {}
   lines += ["", f"Forms plain for the parts after them (failed): {session['plain'] or 'none'}.",
             f"Determinism: {det.get('bit_for_bit', 'not run')} ({det.get('arrays_differing', '?')}"
-            f" of {det.get('arrays', '?')} arrays differ over {det.get('steps', '?')} steps)."]
+            f" of {det.get('arrays', '?')} arrays differ over {det.get('steps', '?')} steps); "
+            f"its program: {det.get('program', {}).get('kernels', '?')} kernels"
+            + (f", within the census bar ({QUICKSTART_KERNELS_BAR} + 5%): {det['within_bar']}"
+               if "within_bar" in det else "") + "."]
   quick = session["parts"].get("quickstart", {})
   scores = quick.get("test2016_greedy", {}).get("scores", {})
   lines.append(f"Quick start: {quick.get('skipped') or ''}" + (

@@ -62,8 +62,8 @@ FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Each part's share of what is left when it starts (preflight: of the budget; quickstart: all
 # that is left). The rehearsal of 2026-12-07 (`--rehearse --break_pallas`, 2 contended cores,
-# 410 s of 570) took: preflight 2 s (0%), forms 223 s (54%), determinism 29 s (7%), quick start
-# 156 s (38%); on a GPU base's compiles (9 distinct programs) are the forms' unknown.
+# 337 s of 570) took: preflight 2 s (1%), forms 187 s (55%), determinism 23 s (7%), quick start
+# 126 s (37%); on a GPU base's compiles (9 distinct programs) are the forms' unknown.
 SHARES = {"preflight": 0.05, "forms": 0.55, "determinism": 0.15, "quickstart": 1.0}
 TOLERANCE = {"bfloat16": 3e-2, "float32": 2e-5}  # tests/test_attention_backends.py's
 QUICKSTART_KERNELS_BAR = 565  # tests/test_gpu_step.py: the quick start's step at 343 x 8
@@ -566,7 +566,7 @@ def markdown(session: dict) -> str:
       f"{quick['train']['steps']} steps, test2016 greedy: BLEU {scores.get('sacrebleu', 0):.2f} "
       f"(sacrebleu), {scores.get('multi30k_bleu', 0):.2f} (Multi30k's lowercased)" if scores
       else "no score"))
-  lines += ["", "| part | exit | seconds | limit (s) | share of the budget |",
+  lines += ["", "| part | exit | seconds | limit (s) | share of the session |",
             "|---|---|---:|---:|---:|"]
   for name, part in session["parts"].items():
     seconds = part.get("seconds", 0)

@@ -48,9 +48,10 @@ flags.DEFINE_enum("target_logit", "auto", ["auto", "gather", "select"], "The los
                   "the reference token's logit (aiayn_flax/loss.py): auto, as training "
                   "picks it, or one form forced, to measure the two against each other.")
 flags.DEFINE_enum("forms", "auto", ["auto", "before"], "The step's forms: auto, as training "
-                  "picks them (on a GPU: the one-pass loss, Adam on one vector); before: the "
-                  "loss by separate reductions, Adam per array and a threefry fold per dropout "
-                  "layer, as until 2026-11-28.")
+                  "picks them (the config fields of programs.PLAIN_FORMS at their defaults); "
+                  "before: every one of those fields plain (attention written out, the loss by "
+                  "separate reductions, Adam per array, rows not aligned) and a threefry fold "
+                  "per dropout layer, as until 2026-11-28.")
 flags.DEFINE_enum("attention", "auto", ["auto", "written_out", "pallas", "cudnn", "xla"],
                   "Training's attention (config model.attention_implementation): auto, as "
                   "training picks it (on one GPU of compute capability >= 8.0: Pallas's kernels "
@@ -124,11 +125,14 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   from aiayn_flax import loss, programs, sharding, train_step
   if target_logit != "auto":  # one form forced, to time the two against each other
     loss.target_logit = getattr(loss, f"target_logit_by_{target_logit}")
-  from bench.gpu_census import set_forms
   from bench.synthetic_batches import synthetic_batches
   config = size_config(size)
-  if forms == "before":  # as bench/gpu_census.py's "before"
-    set_forms(config, "before")
+  if forms == "before":  # as bench/gpu_census.py's "before" (not imported: its flags clash)
+    from aiayn_flax.attention import dropout
+    for field, value in programs.PLAIN_FORMS.items():
+      *block, key = field.split(".")
+      (config[block[0]] if block else config)[key] = value
+    dropout.DROPOUT_SEEDS = "make_rng"
   if attention != "auto":
     config.model.attention_implementation = attention
   config.mfu = config.mfu or dry_run.ASSUMED_MFU  # the plan's assumption, not what this measures

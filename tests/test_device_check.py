@@ -46,3 +46,27 @@ def test_the_device_check_measures_the_quick_start_and_writes_its_row(tmp_path):
   rows = [line for line in text.splitlines() if line.startswith("| 20")]
   assert [r.split("|")[3].strip() for r in rows] == ["base", "quickstart"]
   assert rows[1].startswith("| 2027")
+
+
+def test_the_device_session_records_a_form_that_fails_and_goes_on_without_it(tmp_path):
+  """bench/device_session.py's rehearsal, its cheapest path: Pallas made to fail when lowered
+  (--break_pallas) is recorded as not working, and the determinism part after it runs with
+  the attention written out (plain), bit for bit; the quick start, without its prepared data,
+  says why it is skipped."""
+  import json
+  subprocess.run([sys.executable, "bench/device_session.py", "--rehearse", "--break_pallas",
+                  "--forms=pallas_attention", "--parts=preflight,forms,determinism,quickstart",
+                  f"--data_dir={tmp_path}/none", f"--out={tmp_path}"], cwd=REPO, check=True,
+                 capture_output=True, text=True, timeout=300)
+  session = json.loads((tmp_path / "session.json").read_text())
+  assert session["preflight"]["platform"] == "cpu" and session["preflight"]["versions"]["jax"]
+  [form] = session["forms"]
+  assert form["form"] == "pallas_attention" and form["works"] is False and form["failed"]
+  assert "forced Pallas failure" in form["error"]
+  assert session["plain"] == ["pallas_attention"]
+  assert session["determinism"]["plain"] == ["pallas_attention"]
+  assert session["determinism"]["bit_for_bit"] is True
+  assert "no prepared workdir" in session["parts"]["quickstart"]["skipped"]
+  table = (tmp_path / "session.md").read_text()
+  assert "| pallas_attention | model.attention_implementation=pallas / written_out | no: " \
+      "RuntimeError: forced Pallas failure" in table

@@ -13,7 +13,7 @@ What transformers' Marian classes compute (models/marian/modeling_marian.py) and
   * generation: decoder start BOS (3), EOS 1, PAD 0; EOS forbidden at the first step and forced
     at the last (min_new_tokens, forced_eos_token_id), as our greedy search does. Our limit is
     per sentence (source pieces + EOS + decode_extra_length); generate's is per call: the config
-    says dataset.max_length + decode_extra_length.
+    says max_new_tokens = dataset.max_length + decode_extra_length, the longest training input's.
 """
 import json
 import os
@@ -61,7 +61,7 @@ def generation_config(config):
       decoder_start_token_id=vocabulary.BOS_ID, bos_token_id=vocabulary.BOS_ID,
       eos_token_id=vocabulary.EOS_ID, pad_token_id=vocabulary.PAD_ID,
       forced_eos_token_id=vocabulary.EOS_ID, min_new_tokens=1, num_beams=1, do_sample=False,
-      max_length=min(MAX_POSITIONS, config.dataset.max_length + config.decode_extra_length + 1))
+      max_new_tokens=min(MAX_POSITIONS - 1, config.dataset.max_length + config.decode_extra_length))
 
 
 def _state_dict(weights: dict) -> dict:

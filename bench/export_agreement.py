@@ -30,8 +30,10 @@ FLAGS = flags.FLAGS
 
 def token_rows(translator, sentences):
   """Our greedy output ids (EOS included) of each sentence: the Translator's own batches."""
-  return translator._translate(sentences, 0, lambda row, decoded: [  # noqa: SLF001
-      int(t) for t in decoded[row]], [])
+  def ids_to_eos(row, decoded):
+    ids = [int(t) for t in decoded[row]]
+    return ids[:ids.index(1) + 1] if 1 in ids else ids
+  return translator._translate(sentences, 0, ids_to_eos, [])  # noqa: SLF001
 
 
 def margin(model, params, source_ids, ours, theirs):

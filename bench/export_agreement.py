@@ -106,7 +106,8 @@ def main(argv):
     report["differences"][name] = rows
     for row in rows[:FLAGS.show]:
       print(f"  {name} line {row['line']}: at token {row['position']} margin "
-            f"{row['margin_nats']:.2e} nats\n    ours:   {row['ours']}\n    theirs: {row['theirs']}")
+            f"{row['margin_nats']:.2e} nats\n    ours:   {row['ours']}\n"
+            f"    theirs: {row['theirs']}")
   beam = {"ours (GNMT alpha 0.6)": translator(4).translate(sources),
           "ctranslate2 f32 (length_penalty 0.6)": ct2.translate(sources, beam_size=4)}
   report["beam4"] = {name: round(bleu(hyps), 2) for name, hyps in beam.items()}

@@ -3,7 +3,7 @@
 A translation run has one (WORKDIR/vocab.model, ids 0-3 fixed: PAD, EOS, UNK, BOS). The toy
 reversal task has none: its ids are its symbols ("7 12 5" is [7, 12, 5]), so the export writes
 them as a word-level SentencePiece model whose pieces ("▁7") have those very ids, and a user of
-either engine tokenizes the toy's text as ours does.
+either engine tokenizes and detokenizes the toy's text as ours does.
 """
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
@@ -32,6 +32,7 @@ def symbols_model(vocab_size: int) -> bytes:
   trainer.vocab_size = vocab_size
   trainer.pad_id, trainer.eos_id = vocabulary.PAD_ID, vocabulary.EOS_ID
   trainer.unk_id, trainer.bos_id = vocabulary.UNK_ID, vocabulary.BOS_ID
+  trainer.unk_surface = ""  # the toy's decoding drops <unk> (SentencePiece would write " ⁇ ")
   model.normalizer_spec.name = "identity"
   model.normalizer_spec.add_dummy_prefix = True
   return model.SerializeToString()

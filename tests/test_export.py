@@ -165,7 +165,7 @@ def test_the_exported_run_translates_as_ours_through_each_engines_own_loaders(to
   # 300 like the training's (up to 11 symbols, but from 1), 50 longer than any it saw (the
   # model rambles: outputs near the length limit, <unk> and <pad> among them)
   sources = (toy.reversal_pairs(300, config.model.vocab_size, 1, 11, seed=12345)[0] +
-             toy.reversal_pairs(50, config.model.vocab_size, 12, 40, seed=1)[0])
+             toy.reversal_pairs(50, config.model.vocab_size, 12, 15, seed=1)[0])
   ours = Translator(model, params, run_dir.load_vocabulary(workdir, config), beam_size=1,
                     extra_length=config.decode_extra_length).translate(sources)
   for engine in (engines.CTranslate2Engine(str(ct2_dir)),

@@ -162,8 +162,8 @@ def test_the_exported_run_translates_as_ours_through_each_engines_own_loaders(to
       "forced_eos_token_id": 1, "min_new_tokens": 1}
 
   model, params, _ = run_dir.load_model_and_params(workdir, config, 1)
-  # 300 like the training's (up to 11 symbols, but from 1), 50 longer than any it saw (the
-  # model rambles: outputs near the length limit, <unk> and <pad> among them)
+  # 300 like the training's (up to 11 symbols, but from 1), 50 longer than any it saw (12-15
+  # symbols: the same padded shape; the model rambles, with <unk> among its outputs)
   sources = (toy.reversal_pairs(300, config.model.vocab_size, 1, 11, seed=12345)[0] +
              toy.reversal_pairs(50, config.model.vocab_size, 12, 15, seed=1)[0])
   ours = Translator(model, params, run_dir.load_vocabulary(workdir, config), beam_size=1,

@@ -25,6 +25,8 @@ flags.DEFINE_string("testset", "multi30k/test2016", "A test set, as evaluate.py 
 flags.DEFINE_string("out", None, "Where the exported folders go (default: WORKDIR/export).")
 flags.DEFINE_string("json", None, "Also write the figures to this file.")
 flags.DEFINE_integer("show", 10, "Differences shown per engine.")
+flags.DEFINE_integer("step", None, "The checkpoints ending at this step (default: the newest; "
+                     "pin it while the run still trains).")
 FLAGS = flags.FLAGS
 
 
@@ -66,9 +68,9 @@ def main(argv):
   out = FLAGS.out or os.path.join(FLAGS.workdir, "export")
   folders = {f: os.path.join(out, f) for f in exporter.WRITERS}
   for output_format, folder in folders.items():
-    steps = exporter.export_run(FLAGS.workdir, output_format, folder)
+    steps = exporter.export_run(FLAGS.workdir, output_format, folder, step=FLAGS.step)
   model, params, _ = run_dir.load_model_and_params(FLAGS.workdir, config,
-                                                   config.average_last_checkpoints)
+                                                   config.average_last_checkpoints, FLAGS.step)
   vocab = run_dir.load_vocabulary(FLAGS.workdir, config)
   translator = lambda beam: Translator(  # noqa: E731
       model, params, vocab, beam_size=beam, alpha=config.length_penalty_alpha,

@@ -31,6 +31,8 @@ flags.DEFINE_list("engines", ["ours", "ctranslate2 f32", "ctranslate2 int8", "ge
                   "Which to time.")
 flags.DEFINE_integer("max_sentences", 0, "Only the first N sentences of each set (0: all).")
 flags.DEFINE_integer("latency_sentences", 100, "Sentences timed one by one at batch 1.")
+flags.DEFINE_integer("step", None, "The checkpoints ending at this step (default: the newest; "
+                     "pin it while the run still trains).")
 FLAGS = flags.FLAGS
 
 
@@ -70,9 +72,10 @@ def main(argv):
   folders = {f: os.path.join(out, f) for f in exporter.WRITERS}
   for output_format, folder in folders.items():
     if not os.path.exists(os.path.join(folder, exporter.RECORD)):
-      exporter.export_run(FLAGS.workdir, output_format, folder)
+      exporter.export_run(FLAGS.workdir, output_format, folder, step=FLAGS.step)
   model, params, steps = run_dir.load_model_and_params(FLAGS.workdir, config,
-                                                       config.average_last_checkpoints)
+                                                       config.average_last_checkpoints,
+                                                       FLAGS.step)
   vocab = run_dir.load_vocabulary(FLAGS.workdir, config)
   engines = engines_of(config, model, params, vocab, folders)
   print(f"parameters of steps {steps}; {os.cpu_count()} CPU cores")

@@ -14,8 +14,9 @@ from conftest import run_script
 
 # Greedy translations of the toy run's test sentences identical to ours through both engines:
 # all of them with toy runs of seeds 0, 1 and 2 (2026-12-07: 300 short sentences and 100 of
-# 12-40 symbols; the test's 350 with seed 0, the toy run's); any single weight mapped wrong (a transposed projection, q and k or k and v swapped, a layer
-# norm's scale and bias swapped, Marian's positions left interleaved) gave 0 to 1 of 300.
+# 12-40 symbols; the test's 350 with seed 0, the toy run's). Any single weight mapped wrong (a
+# transposed projection, q and k or k and v swapped, a layer norm's scale and bias swapped,
+# Marian's positions left interleaved) gave 0 to 1 of 300.
 MIN_IDENTICAL = 0.99
 
 

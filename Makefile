@@ -6,8 +6,9 @@
 # that needs: jax's TPU extra on a TPU VM, its CUDA 12 extra where nvidia-smi sees a GPU, plain
 # jax for the CPU otherwise. `ACCELERATOR=cpu` (or tpu, gpu) overrides the guess. `make install`
 # installs the same and trains nothing (a login node that has no GPU: `ACCELERATOR=gpu`).
-# `make test` installs the test tools and the TPU/GPU compilers of --dry_run --target (the
-# `aot` extra) and runs the tests on the CPU.
+# `make test` installs the test tools, the TPU/GPU compilers of --dry_run --target (the
+# `aot` extra) and export.py's engines (the `export` extra: torch's CPU wheel first where PyPI's
+# would bring CUDA, docs/EXPORT.md), and runs the tests on the CPU.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -53,7 +54,7 @@ $(VENV)/installed-run-$(ACCELERATOR): pyproject.toml $(LOCK) | $(VENV)/bin/pytho
 	touch $@
 
 $(VENV)/installed-test: pyproject.toml $(LOCK) | $(VENV)/bin/python
-	$(PY) -m pip install -q -e '.[dev,aot]' -c $(LOCK)
+	$(PY) -m pip install -q -e '.[dev,aot,export]' -c $(LOCK)
 	touch $@
 
 # Install only, train nothing: `make install ACCELERATOR=gpu` on a SLURM login node without a

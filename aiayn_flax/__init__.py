@@ -17,9 +17,10 @@ package's __init__ says which (its `May import:` line, which tests/test_architec
   5. tasks/      the tasks a config trains: translation, parsing, the toy task
   6. planning/   accelerator targets, FLOPs, the dry run, the compiled plan, the kernel census
   7. training/   the trainer: the loop, its metrics, resuming, checkpoints' room
+  8. export/     a trained run written for CTranslate2 and transformers' Marian, and run there
 
-The entry points (train.py, evaluate.py, translate.py) sit above all of them. The rule of the
-model layer:
+The entry points (train.py, evaluate.py, translate.py, export.py) sit above all of them. The
+rule of the model layer:
 
 May import: aiayn_flax.runtime, aiayn_flax.data, aiayn_flax.decoding, aiayn_flax.attention
 """

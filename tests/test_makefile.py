@@ -70,7 +70,7 @@ def test_quickstart_installs_and_trains_for_the_accelerator_the_host_has(
 
 def test_the_tests_install_the_compilers_and_run_on_the_cpu(tmp_path):
   result = make("-n", "test", f"VENV={tmp_path / 'venv'}", env=host_env(tmp_path, "gpu"))
-  assert "-m pip install -q -e '.[dev,aot]' -c requirements.lock" in result.stdout
+  assert "-m pip install -q -e '.[dev,aot,export]' -c requirements.lock" in result.stdout
   # The tests force the CPU even on a GPU host, one worker per core unless told otherwise.
   assert ("JAX_PLATFORMS=cpu " + f"{tmp_path / 'venv'}/bin/python -m pytest tests -n auto "
           "--dist loadfile") in result.stdout

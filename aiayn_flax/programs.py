@@ -64,6 +64,22 @@ def is_device_memory_error(error: Exception) -> bool:
   return "RESOURCE_EXHAUSTED" in text and "hared memory" not in text
 
 
+def does_not_compile(jitted, args) -> bool:
+  """Whether `jitted` traces for `args` but does not lower or compile: what a fallback can
+  mend. An error in tracing (the program's own) or at run time is not."""
+  if any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(args)):
+    return False  # it ran, and consumed its donated arguments
+  try:
+    traced = jitted.trace(*args)
+  except Exception:  # noqa: BLE001 - the program's error, raised by the call as it is
+    return False
+  try:
+    traced.lower().compile()
+  except Exception:  # noqa: BLE001
+    return True
+  return False
+
+
 def error_line(error: Exception) -> str:
   lines = [line for line in str(error).splitlines() if line.strip()] or [""]
   return f"{type(error).__name__}: {lines[0][:240]}"
@@ -129,10 +145,12 @@ class Program:
     return self.jitted.lower(*args)
 
   def compile(self, *args):
-    """lower(*args).compile(), falling back where the forms do not compile."""
+    """lower(*args).compile(), falling back where the forms do not lower or compile (an error
+    in tracing is the program's, not a form's: raised as it is)."""
     while True:
+      traced = self.jitted.trace(*args)
       try:
-        return self.jitted.lower(*args).compile()
+        return traced.lower().compile()
       except Exception as error:  # noqa: BLE001 - any lowering or compiler error
         if is_device_memory_error(error) or not self._forms.fall_back(self.name, error):
           raise
@@ -150,13 +168,7 @@ class Program:
     return self(*args)
 
   def _does_not_compile(self, args) -> bool:
-    if any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(args)):
-      return False  # it ran, and consumed its donated arguments
-    try:
-      self.jitted.lower(*args).compile()
-    except Exception:  # noqa: BLE001
-      return True
-    return False
+    return does_not_compile(self.jitted, args)
 
 
 def training_programs(config, model, mesh, state_sharding) -> TrainingPrograms:
@@ -226,7 +238,7 @@ class DecodingWithFallback:
                      if f.startswith("model.")}
       switched = [key for key, plain in model_forms.items()
                   if self._model.config.get(key, "auto") != plain]
-      if not switched or not self._does_not_compile(args):
+      if not switched or not does_not_compile(self.jitted, args):
         raise
       logging.warning(
           "decoding did not compile with %s (%s); going on with %s: set --config.%s to start "
@@ -236,10 +248,3 @@ class DecodingWithFallback:
           " --config.".join(f"model.{k}={model_forms[k]}" for k in switched))
       self.jitted, self.fell_back = self._make(plain_model(self._model)), True
     return self.jitted(*args)
-
-  def _does_not_compile(self, args) -> bool:
-    try:
-      self.jitted.lower(*args).compile()
-    except Exception:  # noqa: BLE001
-      return True
-    return False

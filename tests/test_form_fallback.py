@@ -107,6 +107,26 @@ def test_a_program_falls_back_form_by_form_and_reraises_where_the_plain_forms_fa
   assert built.forms.fell_back == list(programs.PLAIN_FORMS)
 
 
+def test_an_error_in_tracing_is_the_program_s_and_no_fallback(monkeypatch, caplog):
+  """A program that does not trace (a bug of its own, here a loss called with the wrong
+  arguments) raises as it is: no form is blamed, nothing falls back."""
+  from aiayn_flax import loss, sharding, train_step
+  caplog.set_level(logging.WARNING)
+  config = toy_config("auto")
+  config.model.update(vocab_size=24, d_model=16, d_ff=32, num_heads=2)
+  model = train_step.make_model(config)
+  mesh = sharding.data_parallel_mesh(jax.devices()[:1])
+  shapes, specs = train_step.state_shapes_and_logical_specs(config, model)
+  state_sharding = sharding.train_state_shardings(mesh, shapes, specs, config.fsdp)
+  state = sharding.placed(shapes, state_sharding)
+  batch = {k: jax.ShapeDtypeStruct((4, 6), np.int32) for k in ("inputs", "targets")}
+  built = programs.training_programs(config, model, mesh, state_sharding)
+  monkeypatch.setattr(loss, "label_smoothed_nll", lambda logits, targets: None)
+  with pytest.raises(TypeError, match="positional argument"):
+    built.step_fn.compile(state, batch, jax.eval_shape(lambda: train_step.dropout_key(0)))
+  assert not warnings_of(caplog) and built.forms.fell_back == []
+
+
 def test_the_planner_falls_back_as_the_trainer_and_tells_a_kernel_from_device_memory(
     untested_kernel, monkeypatch, caplog):
   """The start-up fit (a device memory budget given, so it compiles) hands the trainer the

@@ -321,7 +321,9 @@ def test_evaluation_on_two_processes_gives_the_hypotheses_of_one_device(
   lines, empty = lines_and_empty_lines((one / f"{name}.hyp").read_text())
   # Every translation in order, and no other line but the newlines of gloo's messages.
   assert lines_and_empty_lines(first) == (lines, empty + first_gloo)
-  assert second == "\n" * second_gloo
+  # Process 1 printed nothing: gloo's newlines are left, and at times the number that ends a
+  # message, printed apart from it after another's newline ("\n\n\n3\n", seen once).
+  assert re.fullmatch(r"[\n\d]*", second) and second.count("\n") == second_gloo, second
 
 
 @pytest.mark.slow

@@ -158,8 +158,8 @@ def test_nonfinite_steps_are_skipped_then_training_stops_naming_the_last_good_ch
   config.max_consecutive_nonfinite_steps = 3
   finite_loss = trainer.train_step.loss.label_smoothed_nll
 
-  def nan_loss(logits, targets, label_smoothing):  # every loss and gradient is now NaN
-    loss_sum, nll_sum, tokens = finite_loss(logits, targets, label_smoothing)
+  def nan_loss(logits, targets, label_smoothing, form):  # every loss and gradient is now NaN
+    loss_sum, nll_sum, tokens = finite_loss(logits, targets, label_smoothing, form)
     return loss_sum * math.nan, nll_sum, tokens
   monkeypatch.setattr(trainer.train_step.loss, "label_smoothed_nll", nan_loss)
   with pytest.raises(trainer.NonFiniteTrainingError, match=r"step 13: 3 consecutive .* step 12"):

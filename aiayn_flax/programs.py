@@ -39,6 +39,13 @@ def step_forms(config, mesh) -> train_step.StepForms:
                               aligned_tokens=aligned_tokens(config, mesh))
 
 
+def form_value(config, field: str):
+  """The value of a PLAIN_FORMS field in `config` (the plain form where an older config lacks
+  it)."""
+  *block, key = field.split(".")
+  return (config[block[0]] if block else config).get(key, PLAIN_FORMS[field])
+
+
 def with_plain_forms(config, fields):
   """A copy of `config` with `fields` (of PLAIN_FORMS) set to their plain form."""
   plain = config.copy_and_resolve_references()
@@ -48,12 +55,14 @@ def with_plain_forms(config, fields):
   return plain
 
 
-def forms_in_use(config, fields) -> str:
-  """'model.attention_implementation=auto, ...': the values `fields` have in `config`."""
-  def value(field):
-    *block, key = field.split(".")
-    return (config[block[0]] if block else config).get(key, PLAIN_FORMS[field])
-  return ", ".join(f"{field}={value(field)}" for field in fields)
+def warn_fallback(what: str, in_use: dict, error: Exception) -> None:
+  """The one warning of a fallback: what did not compile, the fields switched as they were
+  (`in_use`, field -> value) and as they now are, the error and the flags that start so."""
+  plain = [f"{field}={PLAIN_FORMS[field]}" for field in in_use]
+  logging.warning("%s did not compile with %s (%s); going on with %s: set --config.%s to "
+                  "start so (docs/TRAIN.md, the GPU forms)", what,
+                  ", ".join(f"{field}={value}" for field, value in in_use.items()),
+                  error_line(error), ", ".join(plain), " --config.".join(plain))
 
 
 def is_device_memory_error(error: Exception) -> bool:
@@ -61,7 +70,7 @@ def is_device_memory_error(error: Exception) -> bool:
   available HBM"), which no form switches; not a kernel's shared memory ("Shared memory size
   limit exceeded"), which a smaller block or another form can avoid."""
   text = str(error)
-  return "RESOURCE_EXHAUSTED" in text and "hared memory" not in text
+  return "RESOURCE_EXHAUSTED" in text and "shared memory" not in text.lower()
 
 
 def does_not_compile(jitted, args) -> bool:
@@ -103,7 +112,7 @@ class FormFallback:
   def __init__(self, config, build, where: str):
     self.config, self._build, self._where = config, build, where
     self._fallbacks = [fields for fields in FALLBACKS
-                       if with_plain_forms(config, fields).to_dict() != config.to_dict()]
+                       if any(form_value(config, f) != PLAIN_FORMS[f] for f in fields)]
     self.functions = build(config)
     self.fell_back = []  # the fields switched, in order
 
@@ -112,16 +121,11 @@ class FormFallback:
     if not self._fallbacks:
       return False
     fields = self._fallbacks.pop(0)
-    switched = [f for f in fields if with_plain_forms(self.config, [f]).to_dict()
-                != self.config.to_dict()]
-    logging.warning(
-        "%s: %s did not compile with %s (%s); going on with %s: set --config.%s to start "
-        "so (docs/TRAIN.md, the GPU forms)", self._where, program,
-        forms_in_use(self.config, switched), error_line(error),
-        ", ".join(f"{f}={PLAIN_FORMS[f]}" for f in switched),
-        " --config.".join(f"{f}={PLAIN_FORMS[f]}" for f in switched))
+    in_use = {f: form_value(self.config, f) for f in fields
+              if form_value(self.config, f) != PLAIN_FORMS[f]}
+    warn_fallback(f"{self._where}: {program}", in_use, error)
     self.config = with_plain_forms(self.config, fields)
-    self.fell_back += switched
+    self.fell_back += list(in_use)
     self.functions = self._build(self.config)
     return True
 
@@ -143,6 +147,9 @@ class Program:
 
   def lower(self, *args):
     return self.jitted.lower(*args)
+
+  def trace(self, *args):
+    return self.jitted.trace(*args)
 
   def compile(self, *args):
     """lower(*args).compile(), falling back where the forms do not lower or compile (an error
@@ -209,11 +216,15 @@ def training_programs(config, model, mesh, state_sharding) -> TrainingPrograms:
                           forms=forms)
 
 
+# What decoding can fall back from: the model's own forms that inference runs (its attention is
+# always written out: attention/backends.py).
+DECODING_FORMS = ("model.layer_norm_implementation",)
+
+
 def plain_model(model):
-  """`model` (a Transformer) with its own forms plain: the model block's fields of
-  PLAIN_FORMS."""
-  fields = {f.split(".", 1)[1]: v for f, v in PLAIN_FORMS.items() if f.startswith("model.")}
-  return model_lib.Transformer(ml_collections.FrozenConfigDict(model.config.to_dict() | fields))
+  """`model` (a Transformer) with DECODING_FORMS plain."""
+  plain = {f.split(".", 1)[1]: PLAIN_FORMS[f] for f in DECODING_FORMS}
+  return model_lib.Transformer(ml_collections.FrozenConfigDict(model.config.to_dict() | plain))
 
 
 class DecodingWithFallback:
@@ -232,19 +243,11 @@ class DecodingWithFallback:
     try:
       return self.jitted(*args)
     except Exception as error:  # noqa: BLE001 - told apart below
-      if self.fell_back or is_device_memory_error(error):
+      in_use = {f: self._model.config.get(f.split(".", 1)[1], "auto") for f in DECODING_FORMS}
+      in_use = {f: value for f, value in in_use.items() if value != PLAIN_FORMS[f]}
+      if (self.fell_back or not in_use or is_device_memory_error(error)
+          or not does_not_compile(self.jitted, args)):
         raise
-      model_forms = {f.split(".", 1)[1]: v for f, v in PLAIN_FORMS.items()
-                     if f.startswith("model.")}
-      switched = [key for key, plain in model_forms.items()
-                  if self._model.config.get(key, "auto") != plain]
-      if not switched or not does_not_compile(self.jitted, args):
-        raise
-      logging.warning(
-          "decoding did not compile with %s (%s); going on with %s: set --config.%s to start "
-          "so (docs/TRAIN.md, the GPU forms)",
-          ", ".join(f"model.{k}={self._model.config.get(k, 'auto')}" for k in switched),
-          error_line(error), ", ".join(f"model.{k}={model_forms[k]}" for k in switched),
-          " --config.".join(f"model.{k}={model_forms[k]}" for k in switched))
+      warn_fallback("decoding", in_use, error)
       self.jitted, self.fell_back = self._make(plain_model(self._model)), True
     return self.jitted(*args)

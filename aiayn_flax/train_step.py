@@ -26,8 +26,9 @@ def make_model(config, device=None, device_count: int | None = None) -> model_li
   device = device or jax.devices()[0]
   model = config.model.to_dict()
   kind = devices.local_kind(device)
-  if devices.dtype_refusal(model["dtype"], kind):
-    raise ValueError(devices.dtype_refusal(model["dtype"], kind))
+  refusal = devices.dtype_refusal(model["dtype"], kind)
+  if refusal:
+    raise ValueError(refusal)
   model["dtype"] = devices.compute_dtype(model["dtype"], kind)
   model["attention_target"] = backends.target_of(
       device, jax.device_count() if device_count is None else device_count).text()

@@ -9,7 +9,6 @@ copy of the GPU's figures (planning/accelerator_targets.py) with 1 KiB of shared
 block: the forward kernel's request is in its error; then, the forward given exactly what it
 asked, the backward's (None where it asks no more than the forward). Needs the `aot` extra.
 """
-import dataclasses
 import itertools
 import json
 import os
@@ -34,9 +33,8 @@ def device(gpu: str, shared_memory: int):
 
   from aiayn_flax.planning import accelerator_targets
   accelerator_targets.topology_devices(accelerator_targets.target(f"gpu-{gpu}x1"))  # the plugin
-  figures = dataclasses.replace(accelerator_targets.GPUS[gpu],
-                                shared_memory_per_block_optin=shared_memory)
-  return topologies.get_topology_desc(platform="cuda", target_config=figures.target_config(),
+  config = accelerator_targets.GPUS[gpu].target_config(shared_memory_per_block=shared_memory)
+  return topologies.get_topology_desc(platform="cuda", target_config=config,
                                       topology="1x1x1").devices[0]
 
 

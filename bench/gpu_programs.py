@@ -13,6 +13,7 @@ before any compile, as the trainer refuses it. tests/test_gpu_programs.py compil
 this that decides a kernel (each attention form the dispatcher takes, every target and dtype)
 in the CI's time; this is the whole matrix.
 """
+import contextlib
 import json
 import os
 import sys
@@ -35,8 +36,10 @@ flags.DEFINE_bool("resume", False, "Skip the (target, dtype, config) rows --out 
 FLAGS = flags.FLAGS
 
 
+@contextlib.contextmanager
 def chosen_attention():
-  """Records backends.choose's answers while programs are traced: {site: backend (block)}."""
+  """Records backends.choose's answers while programs are traced, {site: backend (block)},
+  and puts choose back after."""
   from aiayn_flax.attention import backends
   chosen, choose = {}, backends.choose
 
@@ -47,13 +50,16 @@ def chosen_attention():
                                                                else "")
     return name
   backends.choose = recording
-  return chosen
+  try:
+    yield chosen
+  finally:
+    backends.choose = choose
 
 
 def row(target_name: str, dtype: str, config_name: str) -> dict:
   import importlib
 
-  from aiayn_flax import devices, sharding, translator
+  from aiayn_flax import devices, sharding
   from aiayn_flax.data import bucketing
   from aiayn_flax.planning import accelerator_targets, compiled_plan
   config = importlib.import_module(CONFIGS[config_name]).get_config()
@@ -66,47 +72,41 @@ def row(target_name: str, dtype: str, config_name: str) -> dict:
     return result | {"refused": refusal}
   target_devices = accelerator_targets.topology_devices(target)
   mesh = sharding.make_mesh(config.mesh, target_devices, config.dcn_mesh)
-  chosen = chosen_attention()
-  compiler = compiled_plan.TrainingCompiler(config, mesh)
   usable = compiled_plan.usable_memory(kind, target.platform)
   lengths = ([int(b) for b in FLAGS.buckets] if FLAGS.buckets
              else bucketing.boundaries_for(config.dataset))
-  for length in lengths:
+  with chosen_attention() as chosen:
+    compiler = compiled_plan.TrainingCompiler(config, mesh)
+    for length in lengths:
+      start = time.perf_counter()
+      entry = {"bucket": length}
+      try:
+        programs = compiler.compile_step(config, length)
+        memory = max(p.memory_bytes for p in programs)
+        entry |= {"compiles": True, "shape": programs[0].shape,
+                  "memory_gib": round(memory / 2**30, 2), "fits": memory <= usable}
+      except (compiled_plan.DoesNotCompile, compiled_plan.DoesNotFit) as e:
+        entry |= {"compiles": False, "error": str(e)[:300]}
+      entry |= {"seconds": round(time.perf_counter() - start, 1),
+                "fell_back": list(compiler.programs.forms.fell_back),
+                "attention": dict(chosen)}
+      chosen.clear()
+      print(json.dumps(entry), flush=True)
+      result["programs"].append(entry)
+  if FLAGS.beam_search:  # evaluate.py's decoding, as the compiled plan compiles it
     start = time.perf_counter()
-    entry = {"bucket": length}
+    entry = {"program": "evaluate_beam_search"}
     try:
-      programs = compiler.compile_step(config, length)
-      entry |= {"compiles": True, "shape": programs[0].shape,
-                "memory_gib": round(max(p.memory_bytes for p in programs) / 2**30, 2)}
-      entry["fits"] = max(p.memory_bytes for p in programs) <= usable
+      plan = compiled_plan.compile_run(config, target_name, include=("evaluate",),
+                                       length=lengths[0])
+      program = plan["programs"][-1]
+      entry |= {"compiles": True, "shape": program.shape,
+                "memory_gib": round(program.memory_bytes / 2**30, 2)}
     except (compiled_plan.DoesNotCompile, compiled_plan.DoesNotFit) as e:
       entry |= {"compiles": False, "error": str(e)[:300]}
-    entry |= {"seconds": round(time.perf_counter() - start, 1),
-              "fell_back": list(compiler.programs.forms.fell_back),
-              "attention": dict(chosen)}
-    chosen.clear()
-    print(json.dumps(entry), flush=True)
-    result["programs"].append(entry)
-  if FLAGS.beam_search:
-    start = time.perf_counter()
-    decoding_mesh = sharding.data_parallel_mesh(target_devices)
-    placement = (compiled_plan._same_for_all(compiler.state.params,  # noqa: SLF001
-                                             sharding.replicated(decoding_mesh)),
-                 sharding.batch_sharding(decoding_mesh))
-    try:
-      program = compiled_plan._compile_decoding(  # noqa: SLF001
-          "evaluate_beam_search", config, compiler.model, compiler.state.params, placement,
-          beam_size=config.beam_size,
-          rows=sharding.over_decoding_devices(config.decode_batch_size, decoding_mesh),
-          num_devices=len(target_devices))
-      entry = {"program": "evaluate_beam_search", "compiles": True, "shape": program.shape,
-               "memory_gib": round(program.memory_bytes / 2**30, 2)}
-    except (compiled_plan.DoesNotCompile, compiled_plan.DoesNotFit) as e:
-      entry = {"program": "evaluate_beam_search", "compiles": False, "error": str(e)[:300]}
     entry["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(entry), flush=True)
     result["programs"].append(entry)
-  del translator
   return result
 
 

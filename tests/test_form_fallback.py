@@ -75,21 +75,29 @@ def test_the_trainer_falls_back_to_the_written_out_attention_with_the_same_diges
   assert fell_back["params_digest"] == written_out["params_digest"]
 
 
-def test_a_program_falls_back_form_by_form_and_reraises_where_the_plain_forms_fail(
-    untested_kernel, monkeypatch, caplog):
-  """The attention first; where the plain forms do not compile either (the written-out form
-  made to fail too), the error is the caller's. A run-time error is never a fallback."""
+def tiny_programs(attention: str):
+  """A tiny toy model's training programs on one CPU device: (config, model, the state's
+  shapes and sharding, the programs)."""
   from aiayn_flax import sharding, train_step
-  caplog.set_level(logging.WARNING)
-  config = toy_config("untested_kernel")
+  config = toy_config(attention)
   config.model.update(vocab_size=24, d_model=16, d_ff=32, num_heads=2)
   model = train_step.make_model(config)
   mesh = sharding.data_parallel_mesh(jax.devices()[:1])
   shapes, specs = train_step.state_shapes_and_logical_specs(config, model)
   state_sharding = sharding.train_state_shardings(mesh, shapes, specs, config.fsdp)
+  return (config, model, shapes, state_sharding,
+          programs.training_programs(config, model, mesh, state_sharding))
+
+
+def test_a_program_falls_back_form_by_form_and_reraises_where_the_plain_forms_fail(
+    untested_kernel, monkeypatch, caplog):
+  """The attention first; where the plain forms do not compile either (the written-out form
+  made to fail too), the error is the caller's."""
+  from aiayn_flax import train_step
+  caplog.set_level(logging.WARNING)
+  config, model, shapes, state_sharding, built = tiny_programs("untested_kernel")
   state = jax.device_put(train_step.create_train_state(config, model, shapes.tx), state_sharding)
   batch = {k: np.full((4, 6), 5, np.int32) for k in ("inputs", "targets")}
-  built = programs.training_programs(config, model, mesh, state_sharding)
   built.eval_fn(state.params, batch)  # inference: written out, whatever training asks
   assert not warnings_of(caplog)
 
@@ -112,15 +120,9 @@ def test_an_error_in_tracing_is_the_program_s_and_no_fallback(monkeypatch, caplo
   arguments) raises as it is: no form is blamed, nothing falls back."""
   from aiayn_flax import loss, sharding, train_step
   caplog.set_level(logging.WARNING)
-  config = toy_config("auto")
-  config.model.update(vocab_size=24, d_model=16, d_ff=32, num_heads=2)
-  model = train_step.make_model(config)
-  mesh = sharding.data_parallel_mesh(jax.devices()[:1])
-  shapes, specs = train_step.state_shapes_and_logical_specs(config, model)
-  state_sharding = sharding.train_state_shardings(mesh, shapes, specs, config.fsdp)
+  _, _, shapes, state_sharding, built = tiny_programs("auto")
   state = sharding.placed(shapes, state_sharding)
   batch = {k: jax.ShapeDtypeStruct((4, 6), np.int32) for k in ("inputs", "targets")}
-  built = programs.training_programs(config, model, mesh, state_sharding)
   monkeypatch.setattr(loss, "label_smoothed_nll", lambda logits, targets: None)
   with pytest.raises(TypeError, match="positional argument"):
     built.step_fn.compile(state, batch, jax.eval_shape(lambda: train_step.dropout_key(0)))

@@ -12,7 +12,6 @@ the modules directly in aiayn_flax/ (devices.py chooses a platform's form).
 
 May import: aiayn_flax.runtime, aiayn_flax.data, aiayn_flax.decoding, aiayn_flax
 """
-from aiayn_flax.attention.backends import BACKENDS, Call, Target, choose  # noqa: F401
 from aiayn_flax.attention.dropout import Dropout, SourceTokenDropout  # noqa: F401
 from aiayn_flax.attention.layer import (MultiHeadAttention, _ones, _xavier, _zeros,  # noqa: F401
                                         causal_mask, head_dims, padding_mask)

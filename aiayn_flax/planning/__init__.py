@@ -12,5 +12,5 @@ layer beside model.py: the model, optimizer and translator place arrays with the
 two layers would import each other.
 
 May import: aiayn_flax.runtime, aiayn_flax.data, aiayn_flax.decoding, aiayn_flax,
-  aiayn_flax.parsing, aiayn_flax.tasks
+  aiayn_flax.attention, aiayn_flax.parsing, aiayn_flax.tasks
 """

@@ -106,10 +106,11 @@ def _compile(name, shape, function, args, num_devices) -> CompiledProgram:
   """`function` compiled for `args`; a run's training program (programs.Program) falls back to
   plainer forms where its own do not compile, as the trainer's would. DoesNotFit where the
   device's memory overflows; DoesNotCompile (saying it is not memory) where a kernel or the
-  lowering fails."""
+  lowering fails. An error in tracing is the program's own, raised as it is."""
+  traced = function.trace(*args)
   try:
     compiled = (function.compile(*args) if isinstance(function, programs_lib.Program)
-                else function.lower(*args).compile())
+                else traced.lower().compile())
   except Exception as e:  # noqa: BLE001 - told apart below
     if not programs_lib.is_device_memory_error(e):
       raise DoesNotCompile(f"{name} ({shape}) does not compile for this target, and not for "

@@ -13,10 +13,13 @@ import sys
 
 from absl import app, flags
 
+from aiayn_flax.export import exporter  # the engines' packages are imported when writing
+
 flags.DEFINE_string("workdir", None, "A run's directory (checkpoints, vocabulary, config).")
-flags.DEFINE_enum("format", None, ["ctranslate2", "marian"], "ctranslate2: a CTranslate2 model "
+flags.DEFINE_enum("format", None, list(exporter.WRITERS), "ctranslate2: a CTranslate2 model "
                   "folder; marian: a Hugging Face MarianMTModel folder with its tokenizer.")
-flags.DEFINE_string("out", None, "The model folder to write (replaced if it exists).")
+flags.DEFINE_string("out", None, "The model folder to write: an earlier export there is "
+                    "replaced; any other folder that is not empty is refused.")
 flags.DEFINE_integer("average_last", None, "Average the last N checkpoints' parameters "
                      "(default: the run's config, as evaluate.py).")
 flags.DEFINE_integer("step", None, "Export the checkpoint of this step (with --average_last=K, "
@@ -30,12 +33,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
-    from aiayn_flax.export import exporter
     steps = exporter.export_run(FLAGS.workdir, FLAGS.format, FLAGS.out, FLAGS.average_last,
                                 FLAGS.step)
   except ModuleNotFoundError as e:  # the extra is not installed
     sys.exit(f"export.py: error: {e}; install the exporters: pip install -e '.[export]' "
-             "-c requirements.lock")
+             "-c requirements.lock --extra-index-url https://download.pytorch.org/whl/cpu "
+             "(docs/INSTALL.md)")
   except (FileNotFoundError, ValueError) as e:  # a refusal or bad input: one line
     sys.exit(f"export.py: error: {e}")
   print(f"export.py: wrote {FLAGS.out} ({FLAGS.format}; parameters of steps {steps})")

@@ -63,14 +63,12 @@ def main(argv):
   from aiayn_flax.data import vocabulary
   from aiayn_flax.export import engines, exporter
   from aiayn_flax.translator import Translator
-  config = run_dir.load_config(FLAGS.workdir)
+  config, model, params, steps = exporter.load_run(FLAGS.workdir, step=FLAGS.step)
   sources, references = run_dir.testset_pairs(FLAGS.testset, config, tasks.for_config(config))
   out = FLAGS.out or os.path.join(FLAGS.workdir, "export")
   folders = {f: os.path.join(out, f) for f in exporter.WRITERS}
-  for output_format, folder in folders.items():
-    steps = exporter.export_run(FLAGS.workdir, output_format, folder, step=FLAGS.step)
-  model, params, _ = run_dir.load_model_and_params(FLAGS.workdir, config,
-                                                   config.average_last_checkpoints, FLAGS.step)
+  for output_format, folder in folders.items():  # always written: never an older run's
+    exporter.write_export(FLAGS.workdir, config, params, steps, output_format, folder)
   vocab = run_dir.load_vocabulary(FLAGS.workdir, config)
   translator = lambda beam: Translator(  # noqa: E731
       model, params, vocab, beam_size=beam, alpha=config.length_penalty_alpha,

@@ -8,7 +8,7 @@ BOS's. What the spec is told (ctranslate2/specs/transformer_spec.py, model_spec.
     embedding matrix for the encoder, the decoder and the output projection (aliased once);
   * the position table as we compute it (sin on even dimensions, cos on odd), stored: the
     engine adds its row t at position t, the decoder's BOS at 0 as ours;
-  * the layer norm's epsilon, 1e-6 (the config's layer_norm_epsilon);
+  * the layer norm's epsilon, model.py's (1e-6), in its config's layer_norm_epsilon;
   * add_source_eos: the engine appends </s> to the pieces a user passes, as our input does,
     and starts decoding from <s> (BOS, id 3).
 """
@@ -21,7 +21,6 @@ from aiayn_flax import model as model_lib
 from aiayn_flax.data import vocabulary
 from aiayn_flax.export import vocabulary as export_vocabulary
 
-LAYER_NORM_EPSILON = 1e-6  # model.py's
 # Rows of the stored position table: inputs up to 1024 pieces (CTranslate2's default
 # max_input_length) and outputs of 1024 + decode_extra_length.
 POSITIONS = 2048
@@ -71,7 +70,7 @@ def transformer_spec(weights: dict, config, pieces: list[str]):
   decoder.embeddings.weight = weights["embedding"]
   decoder.projection.weight = weights["embedding"]  # 3.4: tied, no bias
   spec = specs.TransformerSpec(encoder, decoder)
-  spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+  spec.config.layer_norm_epsilon = model_lib._LAYER_NORM_EPSILON  # noqa: SLF001
   spec.config.unk_token = pieces[vocabulary.UNK_ID]
   spec.config.bos_token = pieces[vocabulary.BOS_ID]
   spec.config.eos_token = pieces[vocabulary.EOS_ID]
@@ -84,8 +83,8 @@ def transformer_spec(weights: dict, config, pieces: list[str]):
 
 
 def write(weights: dict, config, proto: bytes, out: str) -> str:
-  """The model folder `out` (replaced if it exists), float32: CTranslate2 quantizes when it
-  loads (compute_type="int8")."""
+  """The model folder `out` (exporter.write_export: a new folder), float32: CTranslate2
+  quantizes when it loads (compute_type="int8")."""
   from ctranslate2.converters.converter import Converter
   spec = transformer_spec(weights, config, export_vocabulary.pieces(proto))
 

@@ -9,7 +9,7 @@ What transformers' Marian classes compute (models/marian/modeling_marian.py) and
     (scale_embedding), one embedding shared by encoder, decoder and lm_head, a zero
     final_logits_bias;
   * nn.LayerNorm with torch's default epsilon, 1e-5, fixed in the code; ours is 1e-6. The
-    config cannot say it: after loading, `LAYER_NORM_PATCH` (one line) sets ours;
+    config cannot say it: after loading, one line sets ours (set_layer_norm_epsilon);
   * generation: decoder start BOS (3), EOS 1, PAD 0; EOS forbidden at the first step and forced
     at the last (min_new_tokens, forced_eos_token_id), as our greedy search does. Our limit is
     per sentence (source pieces + EOS + decode_extra_length); generate's is per call: the config
@@ -21,22 +21,21 @@ import tempfile
 
 import numpy as np
 
+from aiayn_flax import model as model_lib
 from aiayn_flax.data import vocabulary
 from aiayn_flax.export import vocabulary as export_vocabulary
 from aiayn_flax.export import weights as weights_lib
 
-# The documented line a user runs after from_pretrained (docs/EXPORT.md).
-LAYER_NORM_PATCH = ("[setattr(m, 'eps', 1e-6) for m in model.modules() "
-                    "if isinstance(m, torch.nn.LayerNorm)]")
 MAX_POSITIONS = 1024  # MarianConfig's default table
 
 
-def set_layer_norm_epsilon(model, epsilon: float = 1e-6) -> None:
-  """LAYER_NORM_PATCH as a function: every torch LayerNorm of `model` at `epsilon`."""
+def set_layer_norm_epsilon(model) -> None:
+  """Every torch LayerNorm of `model` at our epsilon: docs/EXPORT.md's one line, which a user
+  runs after from_pretrained."""
   import torch
   for module in model.modules():
     if isinstance(module, torch.nn.LayerNorm):
-      module.eps = epsilon
+      module.eps = model_lib._LAYER_NORM_EPSILON  # noqa: SLF001
 
 
 def marian_config(config):

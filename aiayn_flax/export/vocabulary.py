@@ -8,8 +8,8 @@ either engine tokenizes and detokenizes the toy's text as ours does.
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
-from aiayn_flax.data import pipeline, vocabulary
-from aiayn_flax.runtime import paths
+from aiayn_flax import run_dir
+from aiayn_flax.data import vocabulary
 
 SPECIAL_PIECES = {vocabulary.PAD_ID: "<pad>", vocabulary.EOS_ID: "</s>",
                   vocabulary.UNK_ID: "<unk>", vocabulary.BOS_ID: "<s>"}
@@ -39,21 +39,12 @@ def symbols_model(vocab_size: int) -> bytes:
 
 
 def sentencepiece_model(workdir: str, config) -> bytes:
-  """The serialized SentencePiece model of the run in `workdir`, checked against the model's
-  vocabulary size and our special ids."""
+  """The serialized SentencePiece model of the run in `workdir`, as evaluate.py reads the
+  run's vocabulary (run_dir.load_vocabulary: present, of model.vocab_size pieces, our ids)."""
+  vocab = run_dir.load_vocabulary(workdir, config)
   if config.dataset.name == "toy_reverse":
-    proto = symbols_model(config.model.vocab_size)
-  else:
-    path = paths.workdir_path(workdir) / pipeline.VOCAB_FILENAME
-    if not path.exists():
-      raise FileNotFoundError(f"{path}: the run's vocabulary is missing")
-    proto = path.read_bytes()
-  processor = spm.SentencePieceProcessor(model_proto=proto)
-  if processor.get_piece_size() != config.model.vocab_size:
-    raise ValueError(f"the vocabulary has {processor.get_piece_size()} pieces, "
-                     f"model.vocab_size={config.model.vocab_size}")
-  vocabulary.Vocabulary(proto, "the run's vocabulary")  # raises unless ids 0-3 are ours
-  return proto
+    return symbols_model(vocab.vocab_size)
+  return vocab.model_proto
 
 
 def pieces(proto: bytes) -> list[str]:

@@ -53,6 +53,26 @@ def against_teacher(test: str) -> tuple[str, ...]:
   return tuple(str(v) for v in (found["difference"], *found["interval"], found["p"]))
 
 
+def export_agreement(*path):
+  figures = record("export_agreement.json")
+  for key in path:
+    figures = figures[key]
+  return figures
+
+
+def greedy_agreement(engine: str) -> tuple[str, str]:
+  """(sentences identical to ours, sacreBLEU) of an engine's greedy translations."""
+  found = export_agreement("greedy", engine)
+  return str(found["identical"]), str(found["sacrebleu"])
+
+
+def int8_rewrites() -> tuple[str, str]:
+  """int8's share of sentences changed (%) and its sacreBLEU change, signed, from ours."""
+  int8, ours = export_agreement("greedy", "ctranslate2 int8"), export_agreement("greedy", "ours")
+  return (str(100 * (1 - int8["identical"] / export_agreement("sentences"))),
+          f"{int8['sacrebleu'] - ours['sacrebleu']:+.2f}")
+
+
 H200 = "h200_base_step_2026-11-27.json"
 # The four archives WMT14 EN-DE's builder downloads, as tfds' checksum list names them.
 WMT14_DE_EN_ARCHIVES = ("dev.tgz", "training-parallel-europarl-v7.tgz",
@@ -215,6 +235,22 @@ FIGURES = {
                       r"checkpoints averaged"),
          ("README.md", r"EN→DE, greedy, last (\d+) checkpoints averaged"),
          ("README.md", r"EN→DE, beam 4, last (\d+) checkpoints averaged")]),
+    **{f"Export, test2016 greedy, {engine}: identical to ours, sacreBLEU": (
+        (lambda engine=engine: greedy_agreement(engine)),
+        [("docs/EXPORT.md", rf"\| {row} \| (\d+)/\d+ \| (\d+\.\d+) \|")])
+       for engine, row in (("ours", r"ours \(evaluate\.py `--beam_size=1`\)"),
+                           ("ctranslate2 f32", "CTranslate2 float32"),
+                           ("ctranslate2 int8", "CTranslate2 int8"),
+                           ("generate f32", "generate float32, our epsilon"),
+                           ("generate f32, epsilon 1e-5", "generate float32, torch's 1e-5"))},
+    "Export, test2016 greedy: int8's sentences rewritten (%), its BLEU change": (
+        int8_rewrites,
+        [("docs/EXPORT.md", r"int8 rewrites (\d+)% of the sentences[^(]*\(([+-]\d+\.\d+)\)")]),
+    "Export, test2016 beam 4: ours, CTranslate2": (
+        (lambda: tuple(str(export_agreement("beam4", name)) for name in (
+            "ours (GNMT alpha 0.6)", "ctranslate2 f32 (length_penalty 0.6)"))),
+        [("docs/EXPORT.md", r"ours \(GNMT, alpha 0\.6\) (\d+\.\d+), CTranslate2\s+"
+                            r"\(`length_penalty=0\.6`\) (\d+\.\d+)")]),
 }
 
 
@@ -278,3 +314,26 @@ def test_the_test_suite_s_count_and_time_are_stated_once():
     for line in text.splitlines():
       if "make test" in line:
         assert not re.search(r"\d+ min", line), f"{path}: {line.strip()}"
+
+
+# docs/EXPORT.md's serving tables, each headed by its test set, and the record of its run.
+SERVING_TABLES = {"test2016": "serving_test2016.json"}
+SERVING_ENGINES = ("ours", "ctranslate2 f32", "ctranslate2 int8", "generate f32")
+
+
+@pytest.mark.parametrize("test_set", SERVING_TABLES)
+def test_each_serving_table_cell_is_its_record_s(test_set):
+  """Cell by cell: sentences/s, then sacreBLEU (batch > 1) or the median ms (batch 1)."""
+  kept = {(row["batch_size"], row["beam"], row["engine"]): row
+          for row in record(SERVING_TABLES[test_set])["rows"]}
+  table = figures("docs/EXPORT.md", rf"\n(\| {test_set}: batch, beam \|.*?)\n\n")[0]
+  stated = []
+  for batch, beam, cells in re.findall(r"^\| (\d+), (greedy|beam 4) \| (.+) \|$", table, re.M):
+    for engine, cell in zip(SERVING_ENGINES, cells.split(" | "), strict=True):
+      rate, second = re.fullmatch(r"(\d+(?:\.\d+)?) \((\d+(?:\.\d+)?)(?: ms)?\)", cell).groups()
+      row = kept[(int(batch), 1 if beam == "greedy" else 4, engine)]
+      second_kept = row["ms_per_sentence"] if int(batch) == 1 else row["sacrebleu"]
+      assert rounded_alike(str(row["sentences_per_s"]), rate), (test_set, batch, beam, engine)
+      assert rounded_alike(str(second_kept), second), (test_set, batch, beam, engine)
+      stated.append(engine)
+  assert len(stated) == len(kept), f"{test_set}: {len(stated)} cells stated of {len(kept)}"

@@ -34,7 +34,7 @@ from aiayn_flax.attention import (Dropout, MultiHeadAttention, SourceTokenDropou
 # BOS is the decoder's first input; PAD (model.PAD_ID) marks padding for the loss
 from aiayn_flax.data.vocabulary import BOS_ID, PAD_ID
 
-_LAYER_NORM_EPSILON = 1e-6
+LAYER_NORM_EPSILON = 1e-6
 
 # Layer normalization (Ba et al., 2016), the residual blocks' (section 5.4). On a CPU and a TPU
 # `LayerNorm` computes what flax.linen.LayerNorm computes, op for op and in its order (the
@@ -134,7 +134,7 @@ def layer_norm_one_pass(x, scale, bias, *, epsilon, dtype):
 
 
 def _layer_norm(config, dtype, name=None):
-  return LayerNorm(epsilon=_LAYER_NORM_EPSILON, dtype=dtype, scale_init=_ones("embed"),
+  return LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=dtype, scale_init=_ones("embed"),
                    bias_init=_zeros("embed"),
                    form=config.get("layer_norm_implementation", "auto"), name=name)
 

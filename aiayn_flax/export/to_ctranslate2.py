@@ -70,7 +70,7 @@ def transformer_spec(weights: dict, config, pieces: list[str]):
   decoder.embeddings.weight = weights["embedding"]
   decoder.projection.weight = weights["embedding"]  # 3.4: tied, no bias
   spec = specs.TransformerSpec(encoder, decoder)
-  spec.config.layer_norm_epsilon = model_lib._LAYER_NORM_EPSILON  # noqa: SLF001
+  spec.config.layer_norm_epsilon = model_lib.LAYER_NORM_EPSILON
   spec.config.unk_token = pieces[vocabulary.UNK_ID]
   spec.config.bos_token = pieces[vocabulary.BOS_ID]
   spec.config.eos_token = pieces[vocabulary.EOS_ID]

@@ -35,7 +35,7 @@ def set_layer_norm_epsilon(model) -> None:
   import torch
   for module in model.modules():
     if isinstance(module, torch.nn.LayerNorm):
-      module.eps = model_lib._LAYER_NORM_EPSILON  # noqa: SLF001
+      module.eps = model_lib.LAYER_NORM_EPSILON
 
 
 def marian_config(config):

@@ -232,6 +232,12 @@ def test_embedding_is_shared_and_tied():
   embeddings = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
                 if "embedding" in jax.tree_util.keystr(path)]
   assert len(embeddings) == 1  # one matrix: encoder input, decoder input, output projection
+  # Tied: no other parameter has a row or column per vocabulary entry, so the pre-softmax
+  # projection can only be the embedding's (an own output matrix or bias would).
+  by_vocabulary = [jax.tree_util.keystr(path) for path, leaf in
+                   jax.tree_util.tree_flatten_with_path(params)[0]
+                   if model.config.vocab_size in leaf.shape]
+  assert by_vocabulary == [jax.tree_util.keystr(embeddings[0])], by_vocabulary
 
 
 def paper_model(name: str):

@@ -150,13 +150,18 @@ def test_translator_search_matches_the_plain_algorithm(seed, extra_length):
   its cache starts at 16 positions and grows (with extra_length 30, to 38). It must find what
   the plain algorithm finds: every hypothesis a separate row with its own full-length copy of
   everything, rows gathered from their parents at every step (`decoding.gather_beams`). So
-  must its greedy search."""
+  must its greedy search. The end-of-sentence row of the embedding is doubled, so that
+  hypotheses end at different steps and the length penalty (alpha 2) changes what is found:
+  an untrained model never ends one before its maximum length, where every alpha agrees."""
   model, beams = small_model(), 4
   rng = np.random.default_rng(seed)
   inputs = np.array(random_tokens(rng, 3, 8))
   inputs[1, 5:] = 0
   inputs[2, 2:] = 0
   params = init(model, jax.random.key(seed), inputs, random_tokens(rng, 3, 5))["params"]
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x.at[vocabulary.EOS_ID].multiply(2)
+      if "embedding" in jax.tree_util.keystr(path) else x, params)
   max_decode_len = inputs.shape[1] + extra_length
   max_lengths = jnp.sum(inputs != 0, axis=1) + extra_length
 
@@ -173,12 +178,16 @@ def test_translator_search_matches_the_plain_algorithm(seed, extra_length):
     return logits[:, 0], {"model": updated["cache"], "inputs": cache["inputs"]}
 
   plain_cache = {"model": cache["cache"], "inputs": jnp.asarray(inputs)}
-  for alpha in (0.0, 0.6):
+  found = {}
+  for alpha in (0.0, 2.0):
     expected, _ = decoding.beam_search(every_row_its_own_sentence, plain_cache, max_lengths,
                                        max_decode_len, model_lib.BOS_ID, vocabulary.EOS_ID,
                                        beams, alpha)
     decode = translator.make_decode_fn(model, beams, alpha, extra_length)
     np.testing.assert_array_equal(decode(params, inputs), expected[:, 0])
+    found[alpha] = np.asarray(expected[:, 0])
+  if extra_length == 30:  # the length penalty chose other hypotheses
+    assert not np.array_equal(found[0.0], found[2.0])
   assert len({tuple(np.asarray(row)) for row in expected[:, 0]}) == 3  # not a degenerate case
   greedy = decoding.greedy_decode(every_row_its_own_sentence, plain_cache, max_lengths,
                                   max_decode_len, model_lib.BOS_ID, vocabulary.EOS_ID)

@@ -255,7 +255,7 @@ def test_two_hosts_whose_workdir_fills_both_stop_within_a_minute_in_one_line_eac
   with tmpfs(tmp_path / "disk", "16m") as disk:
     with filled_when(disk / "run", fill_at) as filler:
       results = launch([*flags, f"--workdir={disk / 'run'}"], 2, 2, timeout=150, env={
-          checkpoints.TEST_REPLICA_PARALLEL_VARIABLE: replica_parallel})
+          "AIAYN_TEST_REPLICA_PARALLEL": replica_parallel})  # (cluster_site/sitecustomize.py)
       ended = time.monotonic()
     assert filler, "the disk was not filled: no checkpoint of step 10"
     for process, result in enumerate(results):

@@ -262,7 +262,10 @@ def test_two_hosts_whose_workdir_fills_both_stop_within_a_minute_in_one_line_eac
       assert result.returncode == 1, result.stderr[-3000:]
       assert "Traceback" not in result.stdout + result.stderr, result.stderr[-3000:]
       line = result.stderr.strip().splitlines()[-1]
-      assert line.startswith("train.py: error: ") and "checkpoints/20: cannot write" in line, line
+      # the failed write names checkpoint 20's folder, or the checkpoints folder where orbax
+      # was writing beside it when the disk filled (1 run in 3 here): either is the same stop
+      assert line.startswith("train.py: error: ") and re.search(
+          r"/checkpoints(/20)?: cannot write", line), line
       assert "the disk is full" in line and "the newest intact checkpoint is step 10" in line
     if (fill_at, replica_parallel) == ("20.orbax-checkpoint-tmp", "0"):
       # Process 1, polling inside orbax, is stopped by process 0's line (the watch), not by

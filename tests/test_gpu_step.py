@@ -11,10 +11,13 @@ import pytest
 
 from aiayn_flax.planning import kernel_census
 from aiayn_flax import loss, optimizer
+from bench import gpu_bars
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_the_one_pass_loss_equals_the_reductions_values_and_gradients(dtype):
+  """Both forms are JAX, run here on the CPU: the GPU's form (one variadic reduction, its
+  gradient written out) against the CPU's; means something without a GPU."""
   rng = np.random.default_rng(0)
   logits = jnp.asarray(rng.normal(size=(6, 7, 301)) * 4, dtype)
   targets = jnp.asarray(rng.integers(1, 301, (6, 7)), jnp.int32).at[:, 5:].set(0)
@@ -31,12 +34,17 @@ def test_the_one_pass_loss_equals_the_reductions_values_and_gradients(dtype):
   grad_fused = jax.grad(functools.partial(weighted, fused))(logits)
   assert grad_fused.dtype == dtype
   scale = float(jnp.max(jnp.abs(grad_plain.astype(jnp.float32))))
-  tolerance = 1e-5 if dtype == jnp.float32 else 1e-2  # bf16: one rounding of the gradient
+  # bf16: each element one rounding of its own value apart at most (2^-7 of it). A bound on
+  # the largest element's scale instead (1e-2 of it, before) let the smoothing's uniform term
+  # (0.1/301 of the upstream gradient) go missing unseen.
+  rtol, atol = (0.0, 1e-5 * scale) if dtype == jnp.float32 else (2**-7, 1e-6 * scale)
   np.testing.assert_allclose(np.asarray(grad_fused, np.float32), np.asarray(grad_plain, np.float32),
-                             atol=tolerance * scale)
+                             rtol=rtol, atol=atol)
 
 
 def test_the_one_pass_loss_of_an_infinite_logit_is_not_finite():
+  """An infinite logit is not hidden by the GPU's form (its online softmax): the trainer's finite
+  check then skips the update. Run on the CPU, as it would run on a GPU."""
   logits = jnp.zeros((1, 2, 5)).at[0, 0, 3].set(jnp.inf)
   smoothed, _ = loss.fused_smoothed_nll(logits, jnp.array([[1, 2]]), 0.1)
   assert not np.isfinite(smoothed[0, 0]) and np.isfinite(smoothed[0, 1])
@@ -71,6 +79,8 @@ def _three_updates(config, state, gradients, form):
 
 
 def test_adam_on_one_vector_equals_adam_per_array_with_a_skipped_update():
+  """The GPU's update form (one finite check over one vector) forced on the CPU against optax's:
+  means something without a GPU."""
   config, state, gradients = _state_and_gradients()
   per_array, norms = _three_updates(config, state, gradients, "per_array")
   config.optimizer_implementation = "one_vector"  # the state's optimizer checks on one vector
@@ -90,6 +100,7 @@ def test_adam_on_one_vector_equals_adam_per_array_with_a_skipped_update():
 
 
 def test_a_sharded_state_keeps_adam_per_array():
+  """Which form a config takes, no device involved."""
   from configs import toy
   config = toy.get_config()
   assert optimizer.state_is_whole_on_each_device(config)
@@ -108,7 +119,8 @@ def instructions(compiled) -> list[str]:
 def test_the_cpu_step_is_the_cpu_forms():
   """Nothing changed on the CPU: its compiled training step is the one with the forms forced
   to the CPU's (the loss by reductions, Adam per array, flax's layer norm), instruction for
-  instruction (names' numbers aside); each config field of a form takes effect."""
+  instruction (names' numbers aside); each config field of a form takes effect. About the CPU
+  alone."""
   from aiayn_flax import train_step
   config, state, _ = _state_and_gradients()
   batch = {k: np.full((4, 8), 5, np.int32) for k in ("inputs", "targets")}
@@ -135,7 +147,8 @@ def test_programs_for_cpu_devices_trace_the_cpu_forms_alone_and_compile_the_same
   """The trainer's programs on a mesh of CPU devices call the CPU's forms directly
   (devices.platform_dependent): no platform_index in their trace, so no GPU form to trace and
   differentiate through a conditional. Their compiled step is the one that tracing every form
-  and letting the lowering choose compiles for the CPU, instruction for instruction."""
+  and letting the lowering choose compiles for the CPU, instruction for instruction. About CPU
+  devices alone."""
   from aiayn_flax import programs, sharding, train_step
   config, state, _ = _state_and_gradients()
   model = train_step.make_model(config)
@@ -165,7 +178,7 @@ def test_the_translators_decoding_on_cpu_devices_traces_the_cpu_forms_alone_and_
   """As training's programs: the Translator's decoding, on its mesh of CPU devices, calls the
   layer norm's CPU form directly; decoding built without a platform (as the compiled plan
   builds it for a TPU or GPU) traces every form. Compiled for the CPU, the two are the same
-  program, instruction for instruction."""
+  program, instruction for instruction. About CPU devices alone."""
   from aiayn_flax import translator
   from test_model import init, random_tokens, small_model
   model, rng = small_model(num_layers=1), np.random.default_rng(0)
@@ -183,7 +196,8 @@ def test_the_translators_decoding_on_cpu_devices_traces_the_cpu_forms_alone_and_
 def test_the_loss_is_compiled_in_one_pass_for_a_gpu_alone():
   """platform_dependent picks the loss's form where it is compiled (deviceless, the `aot`
   extra): the one-pass form for a GPU, the reductions for a TPU (where XLA's cost analysis
-  counted more bytes for it) and the CPU."""
+  counted more bytes for it) and the CPU. Deviceless: means something on the CPU (which form
+  each platform's program holds)."""
   pytest.importorskip("jax_cuda12_plugin")
   pytest.importorskip("libtpu")
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -212,7 +226,8 @@ def test_the_gpu_step_launches_at_most_the_censused_kernels():
   run (1,051 before issue 55's levers, 649 before the rows were aligned), 5% allowed for another
   XLA; each of the 12 attentions is Pallas's forward kernel and its backward's two; no loop or
   conditional (a round trip through the host); the loss reads the logits twice (once forward,
-  once for their gradient)."""
+  once for their gradient). Deviceless: the kernels are counted on the CPU; what they cost on a
+  GPU is bench/gpu_census.py's, on a lent one."""
   pytest.importorskip("jax_cuda12_plugin")
   from configs import multi30k
   config = multi30k.get_config()
@@ -220,7 +235,7 @@ def test_the_gpu_step_launches_at_most_the_censused_kernels():
   text, shape, _ = kernel_census.train_step_hlo(config, "gpu-h100x1", 8)
   assert shape == "343x8"
   counted = kernel_census.census(text)
-  assert len(counted["kernels"]) <= 565 * 1.05
+  assert len(counted["kernels"]) <= gpu_bars.QUICKSTART_KERNELS * gpu_bars.KERNELS_ALLOWANCE
   assert sum(k.kind == "Pallas (Triton)" for k in counted["kernels"]) == 3 * 12
   assert counted["while"] == counted["conditional"] == 0
   passes = kernel_census.full_vocabulary_passes(counted["kernels"], 352 * 8 * 8000)
@@ -228,6 +243,7 @@ def test_the_gpu_step_launches_at_most_the_censused_kernels():
 
 
 def test_rows_are_aligned_to_256_tokens_where_that_adds_at_most_an_eighth():
+  """Arithmetic alone, no device involved."""
   from aiayn_flax import train_step
   aligned = functools.partial(train_step.aligned_rows, multiple=256)
   assert aligned(343, [8, 8]) == 352
@@ -242,7 +258,8 @@ def test_rows_are_aligned_to_256_tokens_where_that_adds_at_most_an_eighth():
 def test_aligned_rows_give_the_loss_gradients_and_metrics_of_the_batch_as_it_came():
   """The empty rows appended on one GPU (train_step.with_aligned_rows) change no sum: 30 x 8
   sources and 30 x 16 targets become 32 rows (256 and 512 tokens). Without dropout, whose
-  random bits follow the shape."""
+  random bits follow the shape. Means something on the CPU: the rows a GPU gets, forced here,
+  through the CPU's forms."""
   from aiayn_flax import train_step
   from configs import toy
   config = toy.get_config()
@@ -262,6 +279,9 @@ def test_aligned_rows_give_the_loss_gradients_and_metrics_of_the_batch_as_it_cam
   dropout_key, aligning = train_step.dropout_key(0), train_step.StepForms(aligned_tokens=256)
   (grads, metrics), (aligned_grads, aligned_metrics) = (
       run(params, batch, dropout_key), run(params, batch, dropout_key, forms=aligning))
+  # The step computed on 32 rows (else the equalities below would hold of any step).
+  assert "tensor<32x16xi32>" in run.lower(params, batch, dropout_key, forms=aligning).as_text()
+  assert "tensor<32x16xi32>" not in run.lower(params, batch, dropout_key).as_text()
   assert float(aligned_metrics["tokens"]) == float(metrics["tokens"]) == float(
       (batch["targets"] != 0).sum())
   for key in ("loss_sum", "nll_sum"):
@@ -299,7 +319,7 @@ def test_the_gpu_update_copies_no_moments_at_base_widths():
   raveled vector (the GPU form until 2026-11-28) left 67 copies of small moments here (131 in
   base) and 297 kernels; with one finite check and Adam per array, 1 copy and 221 kernels,
   193 with the attentions in Pallas's kernels, 183 with the layer norms' backward written out
-  (5% allowed for another XLA)."""
+  (5% allowed for another XLA). Deviceless: the copies and kernels are counted on the CPU."""
   pytest.importorskip("jax_cuda12_plugin")
   from configs import base
   config = base.get_config()
@@ -312,6 +332,7 @@ def test_the_gpu_update_copies_no_moments_at_base_widths():
 
 
 def test_the_census_reads_kernels_bytes_and_flops_from_hlo_text():
+  """bench/gpu_census.py's reading of HLO text, on a module written here: no device involved."""
   text = """HloModule m
 
 %fused_dot (p0: bf16[4,8], p1: bf16[8,2]) -> bf16[4,2] {
@@ -361,7 +382,8 @@ ENTRY %main (a: bf16[4,8], b: bf16[8,2]) -> (f32[4]) {
 def test_the_layer_norm_is_flax_s_bit_for_bit_on_the_cpu_and_its_gpu_backward_agrees(dtype):
   """On the CPU (as on a TPU) model.LayerNorm is flax.linen.LayerNorm to the bit, values and
   gradients, with the same parameters; the GPU form (`layer_norm_one_pass`, its backward written
-  out) gives the same values and gradients within float32 rounding."""
+  out) gives the same values and gradients within float32 rounding. The GPU's form runs here on
+  the CPU: means something without a GPU."""
   import flax.linen as nn
   from aiayn_flax import model
   x = (jax.random.normal(jax.random.key(0), (3, 5, 16)) * 3 + 1).astype(dtype)
@@ -388,7 +410,8 @@ def test_the_layer_norm_is_flax_s_bit_for_bit_on_the_cpu_and_its_gpu_backward_ag
 
 def test_every_gpu_kind_of_a_target_is_a_device_kind_with_its_memory():
   """An H200 and an A100 80 GB are targets too (the one GPU ever lent was an H200): each GPU
-  target's figures describe the device kind the plan uses, memory included."""
+  target's figures describe the device kind the plan uses, memory included. Tables alone, no
+  device involved."""
   from aiayn_flax.planning import accelerator_targets
   from aiayn_flax import devices
   for name in ("gpu-h200x1", "gpu-a100_80gbx8", "gpu-h100x1", "gpu-t4x1"):

@@ -271,4 +271,3 @@ def for_target(config, target) -> Fit:
   where = _where(f"{target.name} ({len(target_devices)} x {target_devices[0].device_kind})",
                  usable, source)
   return choose(config, mesh, usable, where, kind)
-

@@ -13,7 +13,7 @@ from absl import logging
 from etils import epath
 
 from aiayn_flax import config_checks, devices, sharding, tasks, train_step
-from aiayn_flax.data import bucketing, pipeline, prefetch
+from aiayn_flax.data import pipeline, prefetch
 from aiayn_flax.planning import run_plan
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator

@@ -7,7 +7,7 @@ saved before it existed had in effect, and whether it may change when a run resu
 Its default is the config's (configs/base.py, or the task's config for a task's own fields).
 check_config, ADDED_FIELDS and training/resume.py's resume rules are derived from it, and
 tests/test_config_fields.py checks it against every shipped config and against configs saved by
-older commits (tests/data/saved_configs.json): a field added without its old-run default, or
+older commits (tests/saved_configs.json): a field added without its old-run default, or
 not registered at all, fails there."""
 import dataclasses
 from typing import Any, Callable
@@ -68,7 +68,6 @@ def _head_size_of(config, key: str) -> int:
   return config.model[key] or config.model.d_model // config.model.num_heads  # head_dims
 
 
-_SUBWORD = lambda c: c.dataset.get("subword_sampling_alpha", 0.0)  # noqa: E731
 _MIX = lambda c: c.dataset.get("mix_split")  # noqa: E731
 _DECODING = "how a run is decoded and scored, not how it trains"
 _BOOKKEEPING = "when the run logs, evaluates or saves, not what it trains"

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from aiayn_flax import devices, model as model_lib, optimizer, sharding, train_step
+from aiayn_flax import config_checks, devices, model as model_lib, optimizer, sharding, train_step
 
 # Each GPU form's config field and its plain form (what a CPU runs), in the order a run falls
 # back: the attention first (Pallas's kernels are where a GPU compile is likeliest to fail),
@@ -40,10 +40,10 @@ def step_forms(config, mesh) -> train_step.StepForms:
 
 
 def form_value(config, field: str):
-  """The value of a PLAIN_FORMS field in `config` (the plain form where an older config lacks
-  it)."""
+  """The value of a PLAIN_FORMS field in `config`, or the one an older run had in effect where
+  its config lacks it (config_checks' registry: "auto", 256 aligned tokens)."""
   *block, key = field.split(".")
-  return (config[block[0]] if block else config).get(key, PLAIN_FORMS[field])
+  return (config[block[0]] if block else config).get(key, config_checks.ADDED_FIELDS[field])
 
 
 def with_plain_forms(config, fields):
@@ -243,7 +243,7 @@ class DecodingWithFallback:
     try:
       return self.jitted(*args)
     except Exception as error:  # noqa: BLE001 - told apart below
-      in_use = {f: self._model.config.get(f.split(".", 1)[1], "auto") for f in DECODING_FORMS}
+      in_use = {f: form_value({"model": self._model.config}, f) for f in DECODING_FORMS}
       in_use = {f: value for f, value in in_use.items() if value != PLAIN_FORMS[f]}
       if (self.fell_back or not in_use or is_device_memory_error(error)
           or not does_not_compile(self.jitted, args)):

@@ -129,9 +129,7 @@ def check(size: str, steps: int, trace_dir: str = "", peer_python: str = "",
   config = size_config(size)
   if forms == "before":  # as bench/gpu_census.py's "before" (not imported: its flags clash)
     from aiayn_flax.attention import dropout
-    for field, value in programs.PLAIN_FORMS.items():
-      *block, key = field.split(".")
-      (config[block[0]] if block else config)[key] = value
+    config = programs.with_plain_forms(config, programs.PLAIN_FORMS)
     dropout.DROPOUT_SEEDS = "make_rng"
   if attention != "auto":
     config.model.attention_implementation = attention

@@ -43,16 +43,13 @@ SIZES = {"quickstart": ("configs.multi30k", 8), "quickstart_128": ("configs.mult
          "base": ("configs.base", 32)}
 
 
-def set_forms(config, form: str) -> None:
-  """`config`'s forms as of `form`: "before" the plain forms of before 2026-11-28 (and a
-  threefry fold per dropout layer), "after" today's defaults."""
+def with_forms(config, form: str):
+  """`config` with the forms of `form`: "before" the plain forms of before 2026-11-28 (and a
+  threefry fold per dropout layer: a module switch, set here), "after" today's defaults."""
   from aiayn_flax import programs
   from aiayn_flax.attention import dropout
-  if form == "before":
-    for field, value in programs.PLAIN_FORMS.items():
-      *block, key = field.split(".")
-      (config[block[0]] if block else config)[key] = value
   dropout.DROPOUT_SEEDS = {"before": "make_rng", "after": "one_key"}[form]
+  return programs.with_plain_forms(config, programs.PLAIN_FORMS) if form == "before" else config
 
 
 def census_row(size: str, form: str) -> dict:
@@ -62,7 +59,7 @@ def census_row(size: str, form: str) -> dict:
   module, length = SIZES[size]
   config = importlib.import_module(module).get_config()
   config.steps_per_call = 1
-  set_forms(config, form)
+  config = with_forms(config, form)
   start = time.perf_counter()
   text, shape, compiled = kernel_census.train_step_hlo(config, FLAGS.target, length)
   seconds = time.perf_counter() - start

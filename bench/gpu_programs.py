@@ -110,6 +110,13 @@ def row(target_name: str, dtype: str, config_name: str) -> dict:
   return result
 
 
+def commit() -> str:
+  """The commit a row was compiled from (a record resumed over sessions holds several)."""
+  import subprocess
+  return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                        cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+
+
 def main(argv):
   del argv
   rows = []
@@ -124,7 +131,7 @@ def main(argv):
         if (target_name, dtype, config_name) in done:
           continue
         print(f"== {target_name} {dtype} {config_name}", flush=True)
-        rows.append(row(target_name, dtype, config_name))
+        rows.append(row(target_name, dtype, config_name) | {"commit": commit()})
         if FLAGS.out:
           with open(FLAGS.out, "w") as f:
             json.dump({"jax": jax.__version__, "command": " ".join(sys.argv),

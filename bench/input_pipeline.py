@@ -26,6 +26,7 @@ draws the next epoch on a thread while one trains). The tiled corpus holds newst
 words alone: building the lattices of a real corpus' words takes longer (per word: printed).
 """
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -114,15 +115,17 @@ def sampled_feed(config, alpha, vocab, sources, targets, boundaries, epoch_batch
   """Builds the lattices and draws one epoch; the batches per second an epoch is fed at, the
   draw included."""
   from aiayn_flax.data import subword_sampling
-  setting = subword_sampling.Setting(alpha, "both")
-  start = time.perf_counter()
-  sampling = subword_sampling.SampledEpochs(vocab, sources, targets, setting, config.seed)
+  config = config.copy_and_resolve_references()
+  config.dataset.subword_sampling_alpha = alpha  # both sides, each word's whole lattice
+  start = time.perf_counter()  # the lattices, and the batch plan (a fraction of a second)
+  batches = bucketing.TokenBucketedBatches(
+      sources, targets, boundaries, config.tokens_per_batch, seed=config.seed,
+      sampling=functools.partial(subword_sampling.SampledEpochs, vocab, sources, targets,
+                                 config.dataset, config.seed))
   build_s = time.perf_counter() - start
+  sampling = batches.sampling
   words = sum(len(lattices.node_base) for _, _, lattices in sampling._sides)
   units = sum(len(types) for _, types, _ in sampling._sides)
-  batches = bucketing.TokenBucketedBatches(sources, targets, boundaries,
-                                           config.tokens_per_batch, seed=config.seed,
-                                           sampling=sampling)
   start, start_cpu = time.perf_counter(), time.process_time()  # the sampling thread's work
   fitted = sampling.fitted(sampling.sample(0, 0), sampling.sample(0, 1))
   draw_s, draw_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu

@@ -45,10 +45,9 @@ def main():
   processor = vocab._processor  # noqa: SLF001 - sentencepiece's own sampler, for comparison
   for alpha in map(float, args.alphas.split(",")):
     start = time.perf_counter()
+    config.dataset.update(subword_sampling_alpha=alpha, subword_sampling_nbest=args.nbest)
     sampling = subword_sampling.SampledEpochs(vocab, split.sources, split.targets,
-                                              subword_sampling.Setting(alpha, "both",
-                                                                       args.nbest),
-                                              config.seed)
+                                              config.dataset, config.seed)
     build_s = time.perf_counter() - start
     means, too_long = [], []
     start = time.perf_counter()

@@ -13,6 +13,9 @@ from aiayn_flax.training import resume, trainer
 from configs import base, big, toy
 from conftest import TOY_ONE_LAYER
 
+# A test cluster's process reads its clock's pace from this (tests/cluster_site/sitecustomize.py).
+CLOCK_VARIABLE = "AIAYN_TEST_SECONDS_PER_CLOCK_READING"
+
 
 def by_minutes_config():
   config = toy.get_config()
@@ -86,8 +89,7 @@ def test_two_hosts_whose_clocks_disagree_save_where_either_finds_a_checkpoint_du
                     "--config.checkpoint_every_steps=0", "--config.keep_checkpoints=20",
                     "--config.log_every_steps=4", "--config.eval_every_steps=0",
                     "--config.dataset.toy_eval_examples=10"], 2, 2, timeout=150,
-                   process_env={0: {trainer.TEST_CLOCK_VARIABLE: "30"},
-                                1: {trainer.TEST_CLOCK_VARIABLE: "0"}})
+                   process_env={0: {CLOCK_VARIABLE: "30"}, 1: {CLOCK_VARIABLE: "0"}})
   for result in results:
     assert result.returncode == 0, result.stderr[-3000:]
   digests = [re.search(r"^params_digest: ([0-9a-f]{64})$", r.stdout, re.M).group(1)

@@ -52,7 +52,8 @@ def test_the_device_session_records_a_form_that_fails_and_goes_on_without_it(tmp
   """bench/device_session.py's rehearsal, its cheapest path: Pallas made to fail when lowered
   (--break_pallas) is recorded as not working, and the determinism part after it runs with
   the attention written out (plain), bit for bit; the quick start, without its prepared data,
-  says why it is skipped."""
+  says why it is skipped. "Bit for bit" means something only on a GPU (a lent device's session):
+  XLA:CPU runs these steps deterministically, so here it checks the part runs and reports."""
   import json
   subprocess.run([sys.executable, "bench/device_session.py", "--rehearse", "--break_pallas",
                   "--forms=pallas_attention", "--parts=preflight,forms,determinism,quickstart",

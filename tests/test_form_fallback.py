@@ -181,3 +181,22 @@ def test_the_translator_falls_back_to_flax_s_layer_norm_with_the_same_translatio
   assert warning.startswith("decoding did not compile with model.layer_norm_implementation="
                             "one_pass (ValueError: Only interpret mode is supported")
   assert decoding.fell_back
+
+
+def test_a_run_saved_before_the_forms_were_fields_falls_back_from_the_forms_it_ran(caplog):
+  """A config saved before the GPU forms became fields ran "auto" forms and 256-token rows (the
+  registry's old-run defaults), not the plain ones: where its program does not compile, those
+  are the forms it falls back from."""
+  from configs import multi30k
+  caplog.set_level(logging.WARNING)
+  config = multi30k.get_config()
+  config.model.attention_implementation = "written_out"
+  for block, key in (("model", "layer_norm_implementation"), (None, "loss_implementation"),
+                     (None, "optimizer_implementation"), (None, "aligned_row_tokens")):
+    del (config[block] if block else config)[key]
+  fallback = programs.FormFallback(config, lambda c: {}, "training")
+  assert fallback.fall_back("step_fn", RuntimeError("no kernel"))
+  assert fallback.fell_back == ["model.layer_norm_implementation", "loss_implementation",
+                                "optimizer_implementation", "aligned_row_tokens"]
+  assert "aligned_row_tokens=256" in warnings_of(caplog)[0]
+  assert not fallback.fall_back("step_fn", RuntimeError("no kernel"))

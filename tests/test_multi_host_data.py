@@ -47,6 +47,7 @@ TOY = ["--config=configs/toy.py", TOY_ONE_LAYER,
        "--config.dataset.toy_eval_examples=20", "--config.checkpoint_asynchronously=false"]
 DIGEST = re.compile(r"^params_digest: (\w+)$", re.M)
 LOSS = re.compile(r"step (\d+)/\d+: loss ([0-9.]+)")
+VALID_LOSS = re.compile(r"step (\d+): valid/loss ([0-9.]+)")
 
 
 def environment(**extra) -> dict:
@@ -190,7 +191,8 @@ def test_a_corpus_on_host_zero_alone_trains_on_two_hosts_as_on_one(shared_data, 
   """A user's own parallel text (configs/parallel_text.py) on host 0's disk alone: host 1 runs
   in its own mount namespace, where that folder is empty. The 2 x 2 devices train with host 0's
   token cache key, to the loss of 1 process x 4 devices; with subword sampling (a unigram
-  vocabulary), each host draws the epoch that 1 process draws, to the digest."""
+  vocabulary), each host draws the epoch that 1 process draws, to the digest. Validation keeps
+  the plain segmentation: its loss is that of 1 process too."""
   from aiayn_flax.data import text_files
   corpus, empty = tmp_path / "host0_disk", tmp_path / "empty"
   corpus.mkdir()
@@ -217,6 +219,10 @@ def test_a_corpus_on_host_zero_alone_trains_on_two_hosts_as_on_one(shared_data, 
   # (logged to 3 decimals; the sums of 2 processes and of 1 differ in their last bits)
   assert max(abs(a - b) for (_, a), (_, b) in zip(*curves)) <= 1.5e-3, curves
   assert DIGEST.findall(two[0][1]) == DIGEST.findall(two[1][1]) != []
+  valid = [[(int(step), float(loss)) for step, loss in VALID_LOSS.findall(output)]
+           for _, output, _ in (two[0], one[0])]
+  assert [step for step, _ in valid[0]] == [4] == [step for step, _ in valid[1]]
+  assert abs(valid[0][0][1] - valid[1][0][1]) <= 1.5e-3, valid
   sampled = re.compile(r"epoch (\d+): subword segmentations sampled .* digest (\w+)")
   assert sampled.findall(two[0][1]) == sampled.findall(two[1][1]) == sampled.findall(
       one[0][1]) != []

@@ -3,9 +3,10 @@ work, in every entry point and in the notebook.
 
 What this can prove without a GPU: that the function leaves TensorFlow only the CPU and still
 working, that it is idempotent, and that every entry point and the notebook call it before
-anything that imports tfds. What it cannot: that a GPU build of TF would really have taken the
-GPU without it (no GPU here); the function relies on tf.config.set_visible_devices, which
-TensorFlow documents for exactly this."""
+anything that imports tfds; with a stand-in for the tf.config of a build that sees a GPU and a
+TPU, that both are hidden. What it cannot: that a GPU build of TF would really have taken the
+GPU without it (that needs a GPU and TensorFlow's GPU build); the function relies on
+tf.config.set_visible_devices, which TensorFlow documents for exactly this."""
 import ast
 import json
 import re
@@ -41,6 +42,39 @@ def test_tensorflow_sees_only_the_cpu_and_still_works(imported_before):
   first = ("True ['tensorflow', 'tensorflow']" if imported_before else "False []")
   hidden = "['tensorflow', 'tensorflow']" if imported_before else "['tensorflow']"
   assert result.stdout.splitlines() == [first, hidden, "['CPU']", "[0, 1, 2]"]
+
+
+class FakeTensorFlowConfig:
+  """tf.config of a TensorFlow build that sees `kinds` (GPUs, a TPU), for what no CPU-only
+  build shows: which of them the hook hides, and a late call's refusal."""
+
+  def __init__(self, kinds, initialised=False):
+    self.kinds, self.initialised, self.hidden = kinds, initialised, []
+
+  def list_physical_devices(self, kind):
+    return [f"/physical_device:{kind}:0"] if kind in self.kinds else []
+
+  def set_visible_devices(self, devices, kind):
+    if self.initialised:
+      raise RuntimeError("Visible devices cannot be modified after being initialized")
+    self.hidden.append((kind, devices))
+
+  def get_visible_devices(self, kind):
+    return self.list_physical_devices(kind) if self.initialised else []
+
+
+def test_the_hook_hides_every_accelerator_a_tensorflow_build_sees_and_refuses_too_late():
+  """tensorflow-cpu sees no accelerator, so the test above passes whether or not the hook hides
+  one: here a build that sees a GPU and a TPU has both hidden, and one that initialised its GPU
+  already is refused in one line."""
+  import types
+  from aiayn_flax.runtime import tensorflow_setup
+  config = FakeTensorFlowConfig({"GPU", "TPU"})
+  tensorflow_setup._hide_accelerators(types.SimpleNamespace(config=config))
+  assert config.hidden == [("GPU", []), ("TPU", [])]
+  late = FakeTensorFlowConfig({"GPU"}, initialised=True)
+  with pytest.raises(RuntimeError, match="TensorFlow initialised its GPUs before"):
+    tensorflow_setup._hide_accelerators(types.SimpleNamespace(config=late))
 
 
 @pytest.mark.slow

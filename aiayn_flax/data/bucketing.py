@@ -204,8 +204,10 @@ def epoch_batches(lengths: np.ndarray, boundaries: list[int], rows: list[int], s
 class TokenBucketedBatches:
   """Endless, resumable stream of {"inputs": [B, L], "targets": [B, L]} int32 batches
   ({"inputs": [B, Ls], "targets": [B, Lt]} with `pad_each_side`: see the module's docstring).
-  `sampling`: a subword_sampling.SampledEpochs over the same pairs, or None (the plain
-  segmentation every epoch)."""
+  `sampling`: None (the plain segmentation every epoch), or what makes the
+  subword_sampling.SampledEpochs over the same pairs, given the function that fits each sampled
+  epoch to these batches (`sampling(fitted)`: functools.partial(SampledEpochs, vocab, sources,
+  targets, dataset, seed), say)."""
 
   def __init__(self, sources: RaggedIds, targets: RaggedIds,
                boundaries: list[int], tokens_per_batch: int, batch_multiple: int = 1,
@@ -235,9 +237,8 @@ class TokenBucketedBatches:
     self.side_lengths = dict(zip(boundaries, side_lengths(
         self.sources.lengths(), self.targets.lengths(), boundaries, self.rows, quantum)
         if pad_each_side else zip(boundaries, boundaries)))
-    self.sampling = sampling
-    if sampling is not None:  # what the sampling thread hands over: pairs that fit, drawn
-      sampling.fitted = self._fitted
+    # (the sampling thread hands over the pairs that fit, drawn)
+    self.sampling = None if sampling is None else sampling(self._fitted)
     self._sampled = None  # (epoch, sources, targets, lengths) of the last epoch asked for
 
   def _fitted(self, sources: RaggedIds, targets: RaggedIds):
@@ -320,7 +321,7 @@ class TokenBucketedBatches:
     if self.mix is not None:
       digest.update(json.dumps(dataclasses.asdict(self.mix)).encode())
     if self.sampling is not None:  # (a run without sampling keeps the digest it had)
-      digest.update(json.dumps(dataclasses.asdict(self.sampling.setting)).encode())
+      digest.update(json.dumps(self.sampling.setting).encode())
     return digest.hexdigest()
 
   def padding_fraction(self) -> float:

@@ -21,6 +21,8 @@ This module joins stages 1-4 for a config: `vocabulary_for` (1 -> 2) and `batche
 (aiayn_flax/tasks/), which gives the text of stage 1, the pieces the vocabulary keeps whole and
 the fields that change the token ids: the data layer knows no task.
 """
+import functools
+
 import jax
 from absl import logging
 from etils import epath
@@ -96,12 +98,11 @@ def batches_for_split(config, vocab, split: str, batch_multiple: int, shuffle: b
     logging.info("%s mixed into %s: %d of its %d pairs per epoch%s", dataset.mix_split, split,
                  len(mix.members(len(sources), config.seed, 0)) - mix.primary,
                  len(mixed.sources), f", for {mix.epochs} epochs" if mix.epochs else "")
-  sampling = subword_sampling.setting_for(dataset)
-  if sampling and split == dataset.train_split:  # (validation keeps the plain segmentation)
-    sampling = subword_sampling.SampledEpochs(vocab, sources, targets, sampling, config.seed)
-    logging.info("%s: subword segmentations sampled each epoch: %s", split, sampling.setting)
-  else:
-    sampling = None
+  sampling, setting = None, subword_sampling.setting_for(dataset)
+  if setting and split == dataset.train_split:  # (validation keeps the plain segmentation)
+    sampling = functools.partial(subword_sampling.SampledEpochs, vocab, sources, targets,
+                                 dataset, config.seed)
+    logging.info("%s: subword segmentations sampled each epoch: %s", split, setting)
   return bucketing.TokenBucketedBatches(sources, targets, bucketing.boundaries_for(dataset),
                                         config.tokens_per_batch, batch_multiple, config.seed,
                                         shuffle=shuffle, group=group,

@@ -47,29 +47,21 @@ _WORD_BEGIN = "\u2581"  # sentencepiece's "▁": a piece that starts a word star
 _NORMAL = 1  # ModelProto.SentencePiece.Type.NORMAL: the pieces a lattice is made of
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
 _UNITS_PER_DRAW = 1 << 18  # words drawn at a time, each chunk with its own generator
+_DIGEST_CHUNK = 1 << 20  # ids cast to int64 at a time by ids_digest (8 MB)
 # Threads that draw an epoch's chunks (numpy releases the GIL in its large operations): the
 # chunks, not the threads, decide the draws.
 DRAWING_THREADS = max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
-@dataclasses.dataclass(frozen=True)
-class Setting:
-  """config.dataset's subword_sampling_* fields."""
-  alpha: float  # the smoothing exponent: P(segmentation)^alpha; lower samples more widely
-  sides: str  # "both", "source" or "target"
-  nbest: int = -1  # -1: a word's whole lattice; n > 1: its n most probable segmentations
-
-  def samples(self, side: int) -> bool:
-    return self.sides == "both" or self.sides == SIDES[1 + side]
-
-
-def setting_for(dataset) -> Setting | None:
-  """The sampling a config's `dataset` block asks for, or None (alpha 0: off)."""
-  alpha = dataset.get("subword_sampling_alpha", 0.0)
-  if not alpha:
+def setting_for(dataset) -> dict | None:
+  """The sampling a config's `dataset` block asks for (its subword_sampling_* fields, read here
+  alone), or None (alpha 0: off). The short names are those the plan digest has named the
+  setting by since sampling existed (bucketing.plan_digest): a saved run's digest stays."""
+  if not dataset.subword_sampling_alpha:
     return None
-  return Setting(float(alpha), dataset.get("subword_sampling_sides", "both"),
-                 int(dataset.get("subword_sampling_nbest", -1)))
+  return {"alpha": float(dataset.subword_sampling_alpha),
+          "sides": dataset.subword_sampling_sides,  # "both", "source" or "target"
+          "nbest": int(dataset.subword_sampling_nbest)}  # -1: a word's whole lattice
 
 
 class PieceTable:
@@ -267,28 +259,31 @@ def _nbest_chains(text: str, pieces: PieceTable, alpha: float,
 class SampledEpochs:
   """The sampled (sources, targets) of each epoch, drawn on a background thread one epoch ahead
   of the one that trains; the current and the next one are kept. `fitted(sources, targets)`,
-  set by the batches, runs there too: what `pairs` returns."""
+  the batches' (bucketing.TokenBucketedBatches), runs there too: what `pairs` returns (by
+  default the pairs as drawn, and nothing to log)."""
 
-  def __init__(self, vocab, sources: RaggedIds, targets: RaggedIds, setting: Setting,
-               seed: int):
-    self.setting, self.seed = setting, seed
+  def __init__(self, vocab, sources: RaggedIds, targets: RaggedIds, dataset, seed: int,
+               fitted=None):
+    """`dataset`: a config's dataset block, whose subword_sampling_* fields say how to sample
+    (`setting_for`; alpha not 0)."""
+    self.setting, self.seed = setting_for(dataset), seed
     self.sources, self.targets = sources, targets
     pieces = PieceTable(vocab.model_proto)
     self._sides = []  # per side: (sentence of each unit, type of each unit, lattices) or None
     for side, plain in enumerate((sources, targets)):
-      if not setting.samples(side):
+      if self.setting["sides"] not in ("both", SIDES[1 + side]):
         self._sides.append(None)
         continue
       flat = np.asarray(plain.flat[plain.offsets[0]:plain.offsets[-1]], np.int64)
       starts, lengths = _units(flat, pieces)
       first, types = _unit_types(flat, starts, lengths)
       lattices = WordLattices.build([flat[starts[i]:starts[i] + lengths[i]] for i in first],
-                                    pieces, setting.alpha, setting.nbest)
+                                    pieces, self.setting["alpha"], self.setting["nbest"])
       sentence = np.searchsorted(plain.offsets, plain.offsets[0] + starts, side="right") - 1
       self._sides.append((sentence.astype(np.int32), types.astype(np.int32), lattices))
       logging.info("subword sampling: %d distinct words in %d on side %d", len(first),
                    len(starts), side)
-    self.fitted = lambda sources, targets: (sources, targets, "")
+    self.fitted = fitted or (lambda sources, targets: (sources, targets, ""))
     self._lock = threading.Lock()
     self._epochs: dict[int, tuple[threading.Event, list]] = {}
 
@@ -342,9 +337,12 @@ class SampledEpochs:
 
 
 def ids_digest(*sides: RaggedIds) -> str:
-  """sha256 of token-id sequences (ids and where each ends): to compare hosts, runs, epochs."""
+  """sha256 of token-id sequences (ids and where each ends): to compare hosts, runs, epochs.
+  The ids are hashed as int64 whatever their dtype, a chunk at a time: no copy of an epoch."""
   digest = hashlib.sha256()
   for ids in sides:
-    digest.update(np.ascontiguousarray(ids.flat[ids.offsets[0]:ids.offsets[-1]], np.int64))
+    flat = ids.flat[ids.offsets[0]:ids.offsets[-1]]
+    for start in range(0, len(flat), _DIGEST_CHUNK):
+      digest.update(np.ascontiguousarray(flat[start:start + _DIGEST_CHUNK], np.int64))
     digest.update(np.ascontiguousarray(ids.lengths(), np.int64))
   return digest.hexdigest()

@@ -57,9 +57,10 @@ def manager(workdir: str, keep: int | None = None, read_only: bool = False,
                                item_names=("state", "meta"))
 
 
-# Test-only: "0" saves as on a GPU (orbax's copy to the host in slices, replica-parallel, off:
-# what orbax does where JAX_PLATFORMS names a GPU), "1" as orbax does on a CPU or TPU.
-TEST_REPLICA_PARALLEL_VARIABLE = "AIAYN_TEST_REPLICA_PARALLEL"
+# Whether orbax copies an array to the host in slices (replica-parallel): None as below, False
+# as on a GPU (what orbax does where JAX_PLATFORMS names one), True as orbax does on a CPU or
+# TPU. Tests set it (a test cluster: tests/cluster_site/sitecustomize.py).
+REPLICA_PARALLEL = None
 
 
 @functools.cache
@@ -70,11 +71,10 @@ def _save_whole_arrays_on_cpu() -> None:
   compiled slicing program per array at a process's first save (96 programs, 3.4 s, for the toy
   model's state on 4 devices). Only how the bytes reach the host changes, not what is written.
   One process only, so that the test clusters save as a TPU pod does; a GPU cluster saves with
-  it off, which tests/test_storage_failures.py runs on a CPU cluster with the variable above."""
-  forced = os.environ.get(TEST_REPLICA_PARALLEL_VARIABLE)
-  if forced is None and (jax.default_backend() != "cpu" or jax.process_count() > 1):
+  it off, which tests/test_storage_failures.py runs on a CPU cluster (REPLICA_PARALLEL)."""
+  if REPLICA_PARALLEL is None and (jax.default_backend() != "cpu" or jax.process_count() > 1):
     return
-  if forced == "1":
+  if REPLICA_PARALLEL:
     return
   default = ocp.type_handlers.get_type_handler(jax.Array)
   ocp.type_handlers.register_type_handler(

@@ -71,8 +71,16 @@ def on_every_host(name: str, work):
 
 # Where a process that stops alone says so (the coordinator's key-value store), and how often
 # the other processes look there (one small request to process 0's coordinator each time).
+# A line stays there until the cluster ends (the store is process 0's memory, gone with it): the
+# other processes read it while they wait, and a line deleted before the slowest has read it
+# would leave that one waiting. A run that ends normally has written none (a line written ends
+# every process), so there is nothing to delete then.
 _STOPPED_KEYS = "aiayn_flax/stopped/"
 WATCH_INTERVAL_S = 0.5
+# How long a process that stops waits to leave the cluster (JAX's shutdown barrier, which the
+# other hosts, stopping too, reach within a watch interval or two) before it exits without
+# leaving: a host that died, or a coordinator that no longer answers, must not keep it.
+LEAVE_BOUND_S = 20.0
 # Taken by what ends this process first, its own error or another host's line: the other stands
 # down, so that the process prints one line, not two.
 _ending = threading.Lock()
@@ -98,20 +106,37 @@ def say_stopped(line: str | None) -> None:
 
 def end_process(line: str) -> None:
   """Ends this process with exit status 1 after `line` on stderr: leaves the cluster (the
-  other hosts are stopping too, so JAX's shutdown barrier passes), then exits without waiting
-  for threads that a library left waiting (orbax polls up to 10 minutes for a folder that a
-  host which stopped will never make)."""
+  other hosts are stopping too, so JAX's shutdown barrier passes) within LEAVE_BOUND_S, then
+  exits without waiting for threads that a library left waiting (orbax polls up to 10 minutes
+  for a folder that a host which stopped will never make). Whatever fails or hangs on the way
+  (a closed stderr, a shutdown that never returns), the process still ends."""
   if jax.process_count() == 1:
     sys.exit(line)
-  storage_errors.stopping()  # a library thread failing here too: its records after the line
-  sys.stdout.flush()
-  print(line, file=sys.stderr, flush=True)
-  logging.flush()
   try:
-    jax.distributed.shutdown()
-  except Exception as e:  # noqa: BLE001 - leaving anyway
-    logging.debug("leaving the cluster: %s", e)
-  os._exit(1)
+    storage_errors.stopping()  # a library thread failing here too: its records after the line
+    sys.stdout.flush()
+    print(line, file=sys.stderr, flush=True)
+    logging.flush()
+    leave_cluster(LEAVE_BOUND_S)
+  finally:
+    os._exit(1)
+
+
+def leave_cluster(bound_s: float) -> bool:
+  """jax.distributed.shutdown() in a thread of its own, waited for at most `bound_s` seconds;
+  True where it returned (an error in it is logged: this process is leaving anyway)."""
+  def shutdown():
+    try:
+      jax.distributed.shutdown()
+    except Exception as e:  # noqa: BLE001 - leaving anyway
+      logging.debug("leaving the cluster: %s", e)
+
+  leaving = threading.Thread(target=shutdown, name="leave_cluster", daemon=True)
+  leaving.start()
+  leaving.join(bound_s)
+  if leaving.is_alive():
+    logging.debug("leaving the cluster took over %.0f s: exiting without it", bound_s)
+  return not leaving.is_alive()
 
 
 @contextlib.contextmanager

@@ -11,9 +11,6 @@ from aiayn_flax import config_checks, sharding
 from aiayn_flax.data import bucketing
 from aiayn_flax.runtime import checkpoints
 
-# Config fields that may differ between a run and its resumption (they change neither the
-# model, nor the optimizer, nor the batches it sees; each says why in config_checks.FIELDS).
-SAFE_TO_CHANGE_ON_RESUME = config_checks.names_on_resume(config_checks.FREE)
 # Fields that may differ on resume when the batches are checked to be the same (the batch plan
 # saved with each checkpoint): where the prepared tfds data lives (a bucket in place of process
 # 0's boot disk, say).

@@ -3,8 +3,6 @@
 What it reports is in metrics.py, resuming in resume.py, the checks on checkpoints' room in
 checkpoint_room.py."""
 import contextlib
-import itertools
-import os
 import time
 
 import jax
@@ -30,19 +28,9 @@ class NonFiniteTrainingError(RuntimeError):
   pass
 
 
-# Test-only: "30" makes this process's trainer clock (below) advance 30 s at each reading, and
-# "0" stand still, so that the hosts of a test cluster each read a clock of their own.
-TEST_CLOCK_VARIABLE = "AIAYN_TEST_SECONDS_PER_CLOCK_READING"
-
-
-def _test_clock(seconds_per_reading: float):
-  readings = itertools.count()
-  return lambda: seconds_per_reading * next(readings)
-
-
-# The trainer's clock for checkpoints by time (config.checkpoint_every_minutes); tests replace it.
-clock = (_test_clock(float(os.environ[TEST_CLOCK_VARIABLE])) if TEST_CLOCK_VARIABLE in os.environ
-         else time.monotonic)
+# The trainer's clock for checkpoints by time (config.checkpoint_every_minutes); tests replace it
+# (a test cluster's hosts each read a clock of their own: tests/cluster_site/sitecustomize.py).
+clock = time.monotonic
 
 
 class RunsOfOneShape:

@@ -20,8 +20,18 @@ this folder first on PYTHONPATH): the processes after process 0 load the program
    before, at most START_WAIT_S later: never a hang.
    (JAX's own jax_share_binary_between_hosts waits for process 0 without such a bound: a
    cluster whose process 0 stopped early hung.)
+3. Test-only switches, from this process's environment (a test sets them per process), set in
+   the modules they switch once those are imported:
+   - AIAYN_TEST_SECONDS_PER_CLOCK_READING: "30" makes the trainer's clock (trainer.clock)
+     advance 30 s at each reading, "0" stand still, so that the hosts each read a clock of
+     their own (tests/test_checkpoint_by_time.py);
+   - AIAYN_TEST_REPLICA_PARALLEL: "0" saves checkpoints as on a GPU (orbax's copy to the host
+     in slices off), "1" as orbax does on a CPU or TPU (checkpoints.REPLICA_PARALLEL;
+     tests/test_storage_failures.py).
 """
 import functools
+import itertools
+import os
 import time
 
 from aiayn_flax.runtime import import_hooks  # imports nothing of JAX
@@ -134,3 +144,21 @@ def _others_wait_for_process_zero(compiler) -> None:
 import_hooks.call_after_import("jax._src.cache_key", _same_on_every_process)
 import_hooks.call_after_import("jax._src.compiler", _others_wait_for_process_zero)
 import_hooks.call_after_import("jax._src.distributed", _announce)
+
+SECONDS_PER_CLOCK_READING = "AIAYN_TEST_SECONDS_PER_CLOCK_READING"
+REPLICA_PARALLEL = "AIAYN_TEST_REPLICA_PARALLEL"
+
+
+def _clock_of_its_own(trainer) -> None:
+  seconds, readings = float(os.environ[SECONDS_PER_CLOCK_READING]), itertools.count()
+  trainer.clock = lambda: seconds * next(readings)
+
+
+def _replica_parallel(checkpoints) -> None:
+  checkpoints.REPLICA_PARALLEL = os.environ[REPLICA_PARALLEL] == "1"
+
+
+if SECONDS_PER_CLOCK_READING in os.environ:
+  import_hooks.call_after_import("aiayn_flax.training.trainer", _clock_of_its_own)
+if REPLICA_PARALLEL in os.environ:
+  import_hooks.call_after_import("aiayn_flax.runtime.checkpoints", _replica_parallel)

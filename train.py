@@ -140,7 +140,8 @@ def compiled_dry_run(config, target_name: str) -> None:
   if not plan.fit.fits:
     sys.exit(f"train.py: error: does not fit: {plan.fit.line}")
   try:
-    result = compiled_plan.compile_run(plan.config, target_name, training=plan.programs or None)
+    result = compiled_plan.compile_run(plan.config, target_name, training=plan.programs or None,
+                                       accumulation=plan.accumulation)
   except (compiled_plan.DoesNotFit, ValueError) as e:
     sys.exit(f"train.py: error: does not fit: {e}" if isinstance(e, compiled_plan.DoesNotFit)
              else f"train.py: error: {e}")

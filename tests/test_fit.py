@@ -200,8 +200,9 @@ def test_the_dry_run_for_a_small_gpu_fits_with_the_accumulation_the_trainer_will
 def test_the_plan_decides_the_micro_batches_once_and_refuses_several_steps_a_call_of_them():
   """The trainer's plan (run_plan.for_training), on the CPU without a budget: the
   micro-batches that a given micro_batch_tokens_per_device asks for, each micro-batch's config
-  with its share of the step's tokens, the dry run's text ending in the fit's line; several
-  steps a call of a step that accumulates refused in one line."""
+  with its share of the step's tokens, the dry run's text ending in the fit's line and the
+  same as the dry run's own plan's (run_plan.for_local_devices); several steps a call of a
+  step that accumulates refused in one line."""
   import jax
   config = toy.get_config()
   shards = jax.device_count()
@@ -210,6 +211,9 @@ def test_the_plan_decides_the_micro_batches_once_and_refuses_several_steps_a_cal
   assert (plan.accumulation, plan.data_shards) == (3, shards)
   assert plan.micro_config.tokens_per_batch == 420 // 3
   assert plan.text().endswith(f"\nfit: {plan.fit.line}") and "given, which wins" in plan.fit.line
+  dry = run_plan.for_local_devices(config)
+  assert (dry.accumulation, dry.data_shards, dry.text()) == (3, shards, plan.text())
+  assert dict(dry.mesh.shape) == dict(plan.mesh.shape)
   config.steps_per_call = 2
   with pytest.raises(ValueError, match=r"^config.steps_per_call=2: must be >= 1, and 1 when a "
                      r"step accumulates micro-batches \(3 here"):

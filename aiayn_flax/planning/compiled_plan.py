@@ -272,11 +272,12 @@ class TrainingCompiler:
 
 def compile_run(config, target_name: str,
                 include=("train", "eval", "decode", "evaluate"), length: int | None = None,
-                training: dict | None = None) -> dict:
+                training: dict | None = None, accumulation: int | None = None) -> dict:
   """Compiles the run's programs for the target (those of `include`; tests leave some out to
   save time) with training batches of the bucket `length` (default: the bucket that needs the
   most memory); returns the compiled plan (a dict). `training`: the training programs already
-  compiled for this config, by bucket (fit.py's chosen trial), not compiled again.
+  compiled for this config, by bucket (fit.py's chosen trial), not compiled again, at the run
+  plan's `accumulation` (None: config.micro_batch_tokens_per_device's).
 
   "train": what one optimizer step runs (train_steps with K = steps_per_call stacked batches,
   train_step, or accumulate_step + apply_gradient_sums); "eval": the loss of a validation batch;
@@ -289,7 +290,7 @@ def compile_run(config, target_name: str,
   compiler = TrainingCompiler(config, mesh)
   model, params = compiler.model, compiler.state.params
   programs, n = compiler.programs, len(target_devices)
-  accumulation = compiler.accumulation(config)
+  accumulation = accumulation or compiler.accumulation(config)
   candidates = [length] if length is not None else compiler.buckets(accumulation)
   # Each candidate bucket's training programs are compiled once; the one needing more memory
   # is the run's (compiled even when "train" is left out of the plan, to choose the bucket).

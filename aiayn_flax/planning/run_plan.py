@@ -1,8 +1,9 @@
 """The run's plan, made once at its start from the config and the devices: the mesh, the
 micro-batches of an optimizer step (fit.py chooses them, compiling the step where the devices'
-memory is known), the buckets, and the forms and programs that compiled. The trainer trains
-what the plan says (`for_training`); `train.py --dry_run` prints the same plan (`RunPlan.text`)
-for the devices here (`for_local_devices`) or for a --target's (`for_target`).
+memory is known; micro_config buckets their batches, as the compiles did), and the forms and
+programs that compiled. The trainer trains what the plan says (`for_training`);
+`train.py --dry_run` prints the same plan (`RunPlan.text`) for the devices here
+(`for_local_devices`) or for a --target's (`for_target`).
 
 The path goes down once: the mesh (sharding.py), the fit (fit.py, which compiles through
 compiled_plan.py and reads train_step.accumulation_steps for a micro_batch_tokens_per_device
@@ -37,10 +38,6 @@ class RunPlan:
   @property
   def data_shards(self) -> int:
     return self.fit.data_shards
-
-  @property
-  def buckets(self) -> list[int]:
-    return bucketing.boundaries_for(self.config.dataset)
 
   @property
   def programs(self) -> dict:

@@ -109,24 +109,22 @@ def check_backend(config) -> str | None:
 
 
 def local_dry_run(config) -> None:
-  """The accumulation the trainer will choose on the devices here (compiled where their
-  memory is known: planning/fit.py), the analytic plan at it, and the fit: line; exits
-  non-zero in one line when nothing fits."""
-  from aiayn_flax.planning import dry_run, fit
-  fitted = fit.for_local_devices(config)
-  print(dry_run.plan_text(fitted.plan_config(),
-                          compiled_fit=fitted.chosen is not None and fitted.fits), flush=True)
-  print(f"fit: {fitted.line}")
-  if not fitted.fits:
-    sys.exit(f"train.py: error: does not fit: {fitted.line}")
+  """The run's plan for the devices here, as the trainer makes it (planning/run_plan.py: the
+  accumulation compiled where their memory is known), printed: the analytic plan at that
+  accumulation and the fit: line; exits non-zero in one line when nothing fits."""
+  from aiayn_flax.planning import run_plan
+  plan = run_plan.for_local_devices(config)
+  print(plan.text(), flush=True)
+  if not plan.fit.fits:
+    sys.exit(f"train.py: error: does not fit: {plan.fit.line}")
 
 
 def compiled_dry_run(config, target_name: str) -> None:
-  """For the target's devices: the training step compiled at the accumulation the trainer
-  will choose there (planning/fit.py), the analytic plan at that accumulation, then every
-  program compiled; exits non-zero with one line when the target is unknown or the run does
-  not fit."""
-  from aiayn_flax.planning import accelerator_targets, compiled_plan, dry_run, fit
+  """For the target's devices: the run's plan (planning/run_plan.py: the training step
+  compiled at the accumulation the trainer will choose there), printed as local_dry_run's,
+  then every program compiled; exits non-zero with one line when the target is unknown or the
+  run does not fit."""
+  from aiayn_flax.planning import accelerator_targets, compiled_plan, run_plan
   try:
     target = accelerator_targets.target(target_name)
   except ValueError as e:
@@ -135,16 +133,15 @@ def compiled_dry_run(config, target_name: str) -> None:
   if not config.device:
     config.device, config.num_devices = target.kind, target.num_devices
   try:
-    fitted = fit.for_target(config, target)
+    plan = run_plan.for_target(config, target)
   except ValueError as e:  # no compiler for the target here
     sys.exit(f"train.py: error: {e}")
-  print(dry_run.plan_text(fitted.plan_config(), compiled_fit=fitted.fits), flush=True)
-  print(f"fit: {fitted.line}", flush=True)
-  if not fitted.fits:
-    sys.exit(f"train.py: error: does not fit: {fitted.line}")
+  print(plan.text(), flush=True)
+  if not plan.fit.fits:
+    sys.exit(f"train.py: error: does not fit: {plan.fit.line}")
   try:
-    result = compiled_plan.compile_run(fitted.config, target_name,
-                                       training=fitted.chosen.programs or None)
+    result = compiled_plan.compile_run(plan.config, target_name, training=plan.programs or None,
+                                       accumulation=plan.accumulation)
   except (compiled_plan.DoesNotFit, ValueError) as e:
     sys.exit(f"train.py: error: does not fit: {e}" if isinstance(e, compiled_plan.DoesNotFit)
              else f"train.py: error: {e}")

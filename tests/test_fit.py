@@ -10,7 +10,7 @@ import pytest
 
 from aiayn_flax import config_checks, devices, train_step
 from aiayn_flax.data import bucketing
-from aiayn_flax.planning import dry_run, fit
+from aiayn_flax.planning import dry_run, fit, run_plan
 from conftest import TOY_ONE_LAYER, run_script
 from configs import base, big, toy
 
@@ -26,15 +26,14 @@ DIGEST = re.compile(r"^params_digest: ([0-9a-f]{64})$", re.M)
 @pytest.mark.parametrize("accumulation", [1, 2, 3, 7, 32])
 def test_the_micro_batch_written_gives_the_accumulation_chosen(accumulation, shards):
   """fit's micro_batch_tokens_per_device gives the accumulation chosen, each micro-batch the
-  trainer builds (trainer.micro_batch_config) fits the slots written, and an optimizer step's
+  trainer builds (run_plan.micro_batch_config) fits the slots written, and an optimizer step's
   micro-batches hold the config's real tokens: counted as the batcher sizes them
   (bucketing.rows_per_bucket) over a corpus of one length, against tokens_per_batch, within
   the rounding of each batch's rows to a multiple of the shards."""
-  from aiayn_flax.training import trainer
   config = base.get_config()
   config.micro_batch_tokens_per_device = fit.micro_batch_tokens(config, accumulation, shards)
   assert train_step.accumulation_steps(config, shards) == accumulation
-  micro = trainer.micro_batch_config(config, accumulation)
+  micro = run_plan.micro_batch_config(config, accumulation)
   if accumulation > 1:
     assert (bucketing.padded_budget(micro.tokens_per_batch)
             <= config.micro_batch_tokens_per_device * shards)
@@ -51,8 +50,8 @@ def test_the_micro_batch_written_gives_the_accumulation_chosen(accumulation, sha
 
 def test_the_most_micro_batches_still_hold_a_row_of_the_longest_bucket_per_shard():
   config = toy.get_config()  # 420 tokens, 525 padded slots; longest bucket 12
-  k = fit.max_accumulation(config, 8)
   longest = bucketing.boundaries_for(config.dataset)[-1]
+  k = fit.max_accumulation(config, 8, longest)
   assert bucketing.padded_budget(config.tokens_per_batch // k) // longest >= 8
   assert bucketing.padded_budget(config.tokens_per_batch // (k + 1)) // longest < 8
 
@@ -196,3 +195,26 @@ def test_the_dry_run_for_a_small_gpu_fits_with_the_accumulation_the_trainer_will
     assert int(lines["padded_tokens_per_optimizer_step"]) >= 31250
   else:
     assert "chose the whole batch" in fit_line
+
+
+def test_the_plan_decides_the_micro_batches_once_and_refuses_several_steps_a_call_of_them():
+  """The trainer's plan (run_plan.for_training), on the CPU without a budget: the
+  micro-batches that a given micro_batch_tokens_per_device asks for, each micro-batch's config
+  with its share of the step's tokens, the dry run's text ending in the fit's line and the
+  same as the dry run's own plan's (run_plan.for_local_devices); several steps a call of a
+  step that accumulates refused in one line."""
+  import jax
+  config = toy.get_config()
+  shards = jax.device_count()
+  config.micro_batch_tokens_per_device = -(-525 // (3 * shards))  # 525 padded slots: 3 micro
+  plan = run_plan.for_training(config)
+  assert (plan.accumulation, plan.data_shards) == (3, shards)
+  assert plan.micro_config.tokens_per_batch == 420 // 3
+  assert plan.text().endswith(f"\nfit: {plan.fit.line}") and "given, which wins" in plan.fit.line
+  dry = run_plan.for_local_devices(config)
+  assert (dry.accumulation, dry.data_shards, dry.text()) == (3, shards, plan.text())
+  assert dict(dry.mesh.shape) == dict(plan.mesh.shape)
+  config.steps_per_call = 2
+  with pytest.raises(ValueError, match=r"^config.steps_per_call=2: must be >= 1, and 1 when a "
+                     r"step accumulates micro-batches \(3 here"):
+    run_plan.for_training(config)

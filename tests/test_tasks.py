@@ -14,7 +14,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = (sorted((REPO / "aiayn_flax" / "data").glob("*.py"))
           + sorted((REPO / "aiayn_flax" / "decoding").glob("*.py"))
           + [REPO / "aiayn_flax" / name for name in (
-              "planning/compiled_plan.py", "training/trainer.py", "translator.py", "run_dir.py")]
+              "planning/compiled_plan.py", "planning/fit.py", "planning/run_plan.py",
+              "training/trainer.py", "translator.py", "run_dir.py")]
           + [REPO / "evaluate.py", REPO / "translate.py", REPO / "train.py"])
 
 

@@ -5,6 +5,8 @@
   dry_run.py              the dry run's plan: memory per device, micro-batches, step time, MFU
   compiled_plan.py        the same from XLA's compiled programs (train.py --dry_run --target)
   fit.py                  the gradient accumulation a run needs, chosen by compiling
+  run_plan.py             the run's plan, made once at start: mesh, fit, micro-batches; the
+                          trainer trains it and train.py --dry_run prints it
   kernel_census.py        the kernels of a compiled training step, counted by kind
 
 devices.py (the kinds of devices) and sharding.py (mesh and partition rules) stay in the model

@@ -63,14 +63,14 @@ class CompiledProgram:
             + self.resident_bytes)
 
 
-def largest_memory_bucket(config, model_config, micro_tokens: int, data_shards: int) -> int:
+def largest_memory_bucket(boundaries: list[int], model_config, micro_tokens: int,
+                          data_shards: int) -> int:
   """The bucket boundary whose batch can need the most activation memory. A bucket's batch
   holds at most the padded budget of `micro_tokens` real tokens (rows = budget // boundary,
   rounded down to the data shards: the most rows bucketing.rows_per_bucket gives it, whatever
   the data), and only the attention probabilities grow with the length, so it is the longest
   bucket unless rounding leaves it many fewer tokens than a shorter one: rank them by
   dry_run's per-token estimate x the slots each batch can hold, and compile that one."""
-  boundaries = bucketing.boundaries_for(config.dataset)
 
   def activation_bytes(boundary):
     rows = bucketing.padded_budget(micro_tokens) // boundary // data_shards * data_shards
@@ -78,14 +78,15 @@ def largest_memory_bucket(config, model_config, micro_tokens: int, data_shards: 
   return max(boundaries, key=activation_bytes)
 
 
-def _candidate_buckets(config, model_config, micro_tokens: int, data_shards: int) -> list[int]:
+def _candidate_buckets(boundaries: list[int], model_config, micro_tokens: int,
+                       data_shards: int) -> list[int]:
   """The buckets whose training program may need the most memory: the estimate's
   (largest_memory_bucket) and the shortest. compile_run compiles both and keeps the larger: on
   TPU a short bucket's [rows, heads, L, L] attention tensors pad their last dimension to 128
   lanes, which the per-token estimate does not model (one v5e chip, a 1-layer d_model 128
   model: 162 MB at 8 tokens against 19 MB at 128)."""
-  estimated = largest_memory_bucket(config, model_config, micro_tokens, data_shards)
-  shortest = bucketing.boundaries_for(config.dataset)[0]
+  estimated = largest_memory_bucket(boundaries, model_config, micro_tokens, data_shards)
+  shortest = boundaries[0]
   return [estimated] if estimated == shortest else [estimated, shortest]
 
 
@@ -174,10 +175,13 @@ def usable_memory(kind: devices.DeviceKind, platform: str) -> int:
 class TrainingCompiler:
   """Compiles what one optimizer step runs, as the trainer runs it (programs.py), for a mesh's
   devices (a target's or the local ones), at the accumulation a config asks for: compile_run's
-  training programs, and the accumulations fit.py tries (the programs do not depend on it)."""
+  training programs, and the accumulations fit.py tries (the programs do not depend on it: a
+  step's accumulation is passed in, decided once by the caller)."""
 
   def __init__(self, config, mesh):
     self.mesh, self.mesh_axes = mesh, dict(mesh.shape)
+    self.boundaries = bucketing.boundaries_for(config.dataset)
+    self.tokens_per_batch = config.tokens_per_batch
     self.data_shards = self.mesh_axes["data"]
     self.num_devices = mesh.devices.size
     self.model = train_step.make_model(config, mesh.devices.flat[0], mesh.devices.size)
@@ -199,29 +203,33 @@ class TrainingCompiler:
     self._apply = None
 
   def accumulation(self, config) -> int:
+    """The micro-batches that config.micro_batch_tokens_per_device asks for on this mesh."""
     return train_step.accumulation_steps(config, self.data_shards)
 
-  def micro_tokens(self, config) -> int:
+  def micro_tokens(self, accumulation: int) -> int:
     """Real tokens per side of a micro-batch, as the trainer's micro_config."""
-    return config.tokens_per_batch // self.accumulation(config)
+    return self.tokens_per_batch // accumulation
 
-  def buckets(self, config) -> list[int]:
-    return _candidate_buckets(config, self.model.config, self.micro_tokens(config),
-                              self.data_shards)
+  def buckets(self, accumulation: int) -> list[int]:
+    return _candidate_buckets(self.boundaries, self.model.config,
+                              self.micro_tokens(accumulation), self.data_shards)
 
-  def batch_of(self, config, length: int):
-    rows = bucketing.batch_size_for(length, bucketing.padded_budget(self.micro_tokens(config)),
-                                    self.data_shards)
+  def batch_of(self, length: int, accumulation: int):
+    rows = bucketing.batch_size_for(
+        length, bucketing.padded_budget(self.micro_tokens(accumulation)), self.data_shards)
     return f"{rows}x{length}", {
         key: jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=self.batch_sharding)
         for key in ("inputs", "targets")}
 
-  def compile_step(self, config, length: int) -> list[CompiledProgram]:
-    """What one optimizer step of `config` runs, for batches of the bucket `length`."""
-    shape, batch = self.batch_of(config, length)
+  def compile_step(self, config, length: int,
+                   accumulation: int | None = None) -> list[CompiledProgram]:
+    """What one optimizer step of `config` runs, for batches of the bucket `length`, at
+    `accumulation` micro-batches (None: config.micro_batch_tokens_per_device's)."""
+    accumulation = accumulation or self.accumulation(config)
+    shape, batch = self.batch_of(length, accumulation)
     steps_per_call, n = config.get("steps_per_call", 1), self.num_devices
     state, programs = self.state, self.programs
-    if self.accumulation(config) == 1 and steps_per_call > 1:
+    if accumulation == 1 and steps_per_call > 1:
       # The trainer runs every step through this program, K batches of one shape per call.
       stacked_sharding = sharding.stacked_batch_sharding(self.mesh)
       stacked = {key: jax.ShapeDtypeStruct((steps_per_call, *x.shape), jnp.int32,
@@ -229,7 +237,7 @@ class TrainingCompiler:
                  for key, x in batch.items()}
       return [_compile("train_steps", f"{steps_per_call}x{shape}", programs.steps_fn,
                        (state, stacked, self.scalar, self.rng), n)]
-    if self.accumulation(config) == 1:
+    if accumulation == 1:
       return [_compile("train_step", shape, programs.step_fn, (state, batch, self.rng), n)]
     accumulate = _compile("accumulate_step", shape, programs.accumulate_fn,
                           (self._sums(), state.params, batch, self.rng, self.scalar,
@@ -237,9 +245,10 @@ class TrainingCompiler:
     return [dataclasses.replace(accumulate, resident_bytes=self.resident_bytes),
             self.apply_program()]
 
-  def compile_buckets(self, config) -> dict[int, list[CompiledProgram]]:
+  def compile_buckets(self, config, accumulation: int) -> dict[int, list[CompiledProgram]]:
     """compile_step at each bucket that may need the most memory (buckets)."""
-    return {length: self.compile_step(config, length) for length in self.buckets(config)}
+    return {length: self.compile_step(config, length, accumulation)
+            for length in self.buckets(accumulation)}
 
   def _sums(self):
     """The abstract gradient and metric sums an accumulation carries (the batch's shape does
@@ -263,11 +272,12 @@ class TrainingCompiler:
 
 def compile_run(config, target_name: str,
                 include=("train", "eval", "decode", "evaluate"), length: int | None = None,
-                training: dict | None = None) -> dict:
+                training: dict | None = None, accumulation: int | None = None) -> dict:
   """Compiles the run's programs for the target (those of `include`; tests leave some out to
   save time) with training batches of the bucket `length` (default: the bucket that needs the
   most memory); returns the compiled plan (a dict). `training`: the training programs already
-  compiled for this config, by bucket (fit.py's chosen trial), not compiled again.
+  compiled for this config, by bucket (fit.py's chosen trial), not compiled again, at the run
+  plan's `accumulation` (None: config.micro_batch_tokens_per_device's).
 
   "train": what one optimizer step runs (train_steps with K = steps_per_call stacked batches,
   train_step, or accumulate_step + apply_gradient_sums); "eval": the loss of a validation batch;
@@ -280,17 +290,18 @@ def compile_run(config, target_name: str,
   compiler = TrainingCompiler(config, mesh)
   model, params = compiler.model, compiler.state.params
   programs, n = compiler.programs, len(target_devices)
-  accumulation = compiler.accumulation(config)
-  candidates = [length] if length is not None else compiler.buckets(config)
+  accumulation = accumulation or compiler.accumulation(config)
+  candidates = [length] if length is not None else compiler.buckets(accumulation)
   # Each candidate bucket's training programs are compiled once; the one needing more memory
   # is the run's (compiled even when "train" is left out of the plan, to choose the bucket).
   if training is None and ("train" in include or len(candidates) > 1):
-    training = {length: compiler.compile_step(config, length) for length in candidates}
+    training = {length: compiler.compile_step(config, length, accumulation)
+                for length in candidates}
   if training:
     length = max(training, key=lambda length: max(p.memory_bytes for p in training[length]))
   else:
     (length,) = candidates
-  shape, batch = compiler.batch_of(config, length)
+  shape, batch = compiler.batch_of(length, accumulation)
   compiled = list(training[length]) if "train" in include else []
   if "eval" in include:
     compiled.append(_compile("eval_step", shape, programs.eval_fn, (params, batch), n))

@@ -20,10 +20,8 @@ never changed. A chosen accumulation is written into the run's config as that fi
 user would have passed by hand), so checkpoints record the batches trained.
 """
 import dataclasses
-import math
 
 import jax
-from absl import logging
 
 from aiayn_flax import devices, programs as programs_lib, sharding, train_step
 from aiayn_flax.data import bucketing
@@ -59,6 +57,7 @@ class Fit:
   line: str  # the one line: tried, chosen, the memory of each
   chosen: Trial | None = None  # None: nothing compiled (no memory limit known)
   data_shards: int = 1
+  mesh: object = None  # the devices' mesh (None: one the devices here cannot make)
 
   def plan_config(self):
     """The config for the analytic plan (dry_run.plan) at the accumulation compiled and
@@ -81,10 +80,9 @@ def micro_batch_tokens(config, accumulation: int, data_shards: int) -> int:
   return -(-budget // (accumulation * data_shards))  # the fewest slots that give it
 
 
-def max_accumulation(config, data_shards: int) -> int:
-  """The most micro-batches whose batches still hold a row per data shard of the longest
+def max_accumulation(config, data_shards: int, longest: int) -> int:
+  """The most micro-batches whose batches still hold a row per data shard of the `longest`
   bucket (bucketing.batch_size_for)."""
-  longest = bucketing.boundaries_for(config.dataset)[-1]
   k = 1
   while bucketing.padded_budget(config.tokens_per_batch // (k + 1)) // longest >= data_shards:
     k += 1
@@ -97,14 +95,13 @@ def _with_accumulation(config, accumulation: int, data_shards: int):
   return config
 
 
-def _estimate(config, usable: int, kind, mesh_axes: dict) -> int:
+def _estimate(config, usable: int, kind, compiler) -> int:
   """The analytic plan's accumulation for `usable` bytes per device (at least 1)."""
   budget_kind = dataclasses.replace(kind, memory_bytes=usable, usable_memory_fraction=1.0)
   plan_config = config.copy_and_resolve_references()
   plan_config.model.dtype = devices.compute_dtype(config.model.dtype, kind)
-  longest = bucketing.boundaries_for(config.dataset)[-1]
-  return max(1, dry_run.memory_plan(plan_config, budget_kind, mesh_axes,
-                                    longest)["accumulation_steps"])
+  return max(1, dry_run.memory_plan(plan_config, budget_kind, compiler.mesh_axes,
+                                    compiler.boundaries[-1])["accumulation_steps"])
 
 
 def _size(bytes_: int) -> str:
@@ -116,7 +113,7 @@ def choose(config, mesh, usable: int | None, where: str, kind: devices.DeviceKin
   bytes per device (None: unknown, nothing compiled); `where` names the devices and the
   memory's source for the line; `kind` is their kind (for the analytic estimate)."""
   return dataclasses.replace(_choose(config, mesh, usable, where, kind),
-                             data_shards=dict(mesh.shape)["data"])
+                             data_shards=dict(mesh.shape)["data"], mesh=mesh)
 
 
 def _choose(config, mesh, usable, where, kind) -> Fit:
@@ -132,7 +129,7 @@ def _choose(config, mesh, usable, where, kind) -> Fit:
   data_shards = compiler.data_shards
   if given:
     accumulation = compiler.accumulation(config)
-    trial = _trial(compiler, config, accumulation)
+    trial = _trial(compiler, config, accumulation, given)
     fits = trial.fits(usable)
     return Fit(_with_forms_compiled(config, compiler), accumulation, fits,
                f"on {where}: --config.micro_batch_tokens_per_device={given} given, which wins "
@@ -140,12 +137,13 @@ def _choose(config, mesh, usable, where, kind) -> Fit:
                + ("" if fits else "; a larger accumulation (a smaller value), a model axis in "
                   "--config.mesh or --config.fsdp=True would fit"), trial)
   steps_per_call = config.get("steps_per_call", 1)
-  limit = 1 if steps_per_call > 1 else max_accumulation(config, data_shards)
+  limit = (1 if steps_per_call > 1
+           else max_accumulation(config, data_shards, compiler.boundaries[-1]))
   trials, fitting, failing = {}, None, 0  # the smallest k known to fit, the largest that does not
   state_too_big = None
   k = 1  # the whole batch first: where it fits, its one compile is the run's own program
   while True:
-    trials[k] = _trial(compiler, _with_accumulation(config, k, data_shards), k)
+    trials[k] = _trial(compiler, config, k, micro_batch_tokens(config, k, data_shards))
     if trials[k].fits(usable):
       fitting = k
     else:
@@ -158,7 +156,7 @@ def _choose(config, mesh, usable, where, kind) -> Fit:
       if k >= limit:
         break
       # then the analytic plan's accumulation, then twice as many until one fits
-      estimate = _estimate(config, usable, kind, compiler.mesh_axes)
+      estimate = _estimate(config, usable, kind, compiler)
       k = min(limit, estimate if k == 1 and estimate > 1 else 2 * k)
     else:  # between the largest that does not fit and the smallest that does
       k = (failing + fitting) // 2
@@ -191,14 +189,15 @@ def _with_forms_compiled(config, compiler):
   return programs_lib.with_plain_forms(config, compiler.programs.forms.fell_back)
 
 
-def _trial(compiler, config, accumulation: int) -> Trial:
-  assert accumulation == compiler.accumulation(config), (accumulation, config)
+def _trial(compiler, config, accumulation: int, micro_tokens: int) -> Trial:
+  """The step compiled at `accumulation` micro-batches (of `micro_tokens` padded slots per
+  device: micro_batch_tokens, which gives that accumulation)."""
   try:
-    programs = compiler.compile_buckets(config)
+    programs = compiler.compile_buckets(config, accumulation)
   except compiled_plan.DoesNotFit as e:
-    return Trial(accumulation, config.get("micro_batch_tokens_per_device", 0), {}, None, str(e))
+    return Trial(accumulation, micro_tokens, {}, None, str(e))
   memory = max(p.memory_bytes for step in programs.values() for p in step)
-  return Trial(accumulation, config.get("micro_batch_tokens_per_device", 0), programs, memory)
+  return Trial(accumulation, micro_tokens, programs, memory)
 
 
 def _apply_too_big(compiler, usable: int) -> str | None:
@@ -239,9 +238,11 @@ def for_local_devices(config, mesh=None) -> Fit:
   kind = devices.local_kind(local[0], len(local))
   planned = config.get("device", "")
   if planned and planned != "cpu" and planned != kind.name:
-    return Fit(config, train_step.accumulation_steps(config, 1), True,
+    shards = dict(mesh.shape)["data"] if mesh is not None else 1
+    return Fit(config, train_step.accumulation_steps(config, shards), True,
                f"not compiled: the plan is for config.device={planned}, not the "
-               f"{local[0].device_kind} devices here (--target compiles for a kind without it)")
+               f"{local[0].device_kind} devices here (--target compiles for a kind without it)",
+               data_shards=shards, mesh=mesh)
   planned_count = config.get("num_devices", 0)
   if mesh is None and planned_count and planned_count != jax.device_count():
     return Fit(config, train_step.accumulation_steps(config, 1), True,
@@ -270,14 +271,3 @@ def for_target(config, target) -> Fit:
   where = _where(f"{target.name} ({len(target_devices)} x {target_devices[0].device_kind})",
                  usable, source)
   return choose(config, mesh, usable, where, kind)
-
-
-def fit_to_devices(config, mesh):
-  """The trainer's call, at start: `config` with the accumulation that fits `mesh`'s devices,
-  the one line logged; ValueError (one line) when nothing fits (a user's given
-  micro_batch_tokens_per_device runs anyway, with a warning)."""
-  fit = for_local_devices(config, mesh)
-  (logging.info if fit.fits else logging.warning)("fit: %s", fit.line)
-  if not fit.fits and not config.get("micro_batch_tokens_per_device", 0):
-    raise ValueError(f"does not fit: {fit.line}")
-  return fit.config

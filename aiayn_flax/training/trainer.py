@@ -11,8 +11,8 @@ from absl import logging
 from etils import epath
 
 from aiayn_flax import config_checks, devices, sharding, tasks, train_step
-from aiayn_flax.data import bucketing, pipeline, prefetch
-from aiayn_flax.planning import fit
+from aiayn_flax.data import pipeline, prefetch
+from aiayn_flax.planning import run_plan
 from aiayn_flax.programs import training_programs
 from aiayn_flax.translator import Translator
 from aiayn_flax.runtime import (checkpoints, host_agreement, paths, process_zero, provenance,
@@ -138,15 +138,6 @@ def train_and_evaluate(config, workdir: str, force_resume: bool = False) -> dict
       raise failure from e
 
 
-def micro_batch_config(config, accumulation: int):
-  """The config each of an optimizer step's `accumulation` micro-batches is built with: the
-  step's tokens_per_batch shared between them, rounded down, so that a micro-batch's padded
-  budget stays within micro_batch_tokens_per_device x data shards."""
-  micro_config = config.copy_and_resolve_references()
-  micro_config.tokens_per_batch = config.tokens_per_batch // accumulation
-  return micro_config
-
-
 def _close_quietly(mngr) -> None:
   try:
     mngr.close()
@@ -173,24 +164,15 @@ def _train_and_evaluate(config, workdir: str, force_resume: bool,
                         lease: workdir_lease.Lease | None, opened: list) -> dict:
   workdir = str(paths.workdir_path(workdir))  # a local folder or gs://bucket/run
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  mesh = sharding.make_mesh(config.mesh, dcn_spec=config.dcn_mesh)
+  # The mesh, the micro-batches that fit the devices, the forms that compiled: decided once.
+  plan = run_plan.for_training(config)
+  config, mesh, micro_config = plan.config, plan.mesh, plan.micro_config
+  data_shards, accumulation = plan.data_shards, plan.accumulation
+  steps_per_call = config.steps_per_call
   input_rows = InputRows(mesh, config.host_local_batches)
-  logging.info("devices: %s; mesh: %s", jax.devices(), dict(mesh.shape))
-  config = fit.fit_to_devices(config, mesh)  # the accumulation that fits them (planning/fit.py)
 
   task = tasks.for_config(config)
   vocab = pipeline.vocabulary_for(config, workdir, task)
-  data_shards = sharding.data_parallel_size(mesh)
-  accumulation = train_step.accumulation_steps(config, data_shards)
-  steps_per_call = config.steps_per_call
-  if steps_per_call < 1 or (steps_per_call > 1 and accumulation > 1):
-    raise ValueError(f"config.steps_per_call={steps_per_call}: must be >= 1, and 1 when a step "
-                     f"accumulates micro-batches ({accumulation} here, from "
-                     "micro_batch_tokens_per_device)")
-  micro_config = micro_batch_config(config, accumulation)
-  logging.info("%d micro-batch(es) of about %d real tokens per side (at most %d padded) per "
-               "optimizer step", accumulation, micro_config.tokens_per_batch,
-               bucketing.padded_budget(micro_config.tokens_per_batch))
   train_batches = pipeline.batches_for_split(micro_config, vocab, config.dataset.train_split,
                                              data_shards, shuffle=True, task=task,
                                              group=steps_per_call)

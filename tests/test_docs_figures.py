@@ -21,8 +21,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 RECORDS = REPO / "docs" / "records"
 
 
-def record(name: str) -> dict:
-  return json.loads((RECORDS / name).read_text())
+def record(name: str, *path: str):
+  """The record `name`, or the value at `path` (its keys in turn) within it."""
+  figures = json.loads((RECORDS / name).read_text())
+  for key in path:
+    figures = figures[key]
+  return figures
 
 
 def mean_and_sd(values) -> tuple[str, str]:
@@ -31,10 +35,7 @@ def mean_and_sd(values) -> tuple[str, str]:
 
 
 def multi30k(*path):
-  figures = record("multi30k_test2016.json")
-  for key in path:
-    figures = figures[key]
-  return figures
+  return record("multi30k_test2016.json", *path)
 
 
 def over_seeds(decoding: str) -> tuple[str, str]:
@@ -42,10 +43,7 @@ def over_seeds(decoding: str) -> tuple[str, str]:
 
 
 def table4(*path):
-  figures = record("table4_parsing_sample.json")
-  for key in path:
-    figures = figures[key]
-  return figures
+  return record("table4_parsing_sample.json", *path)
 
 
 def against_teacher(test: str) -> tuple[str, ...]:
@@ -54,10 +52,7 @@ def against_teacher(test: str) -> tuple[str, ...]:
 
 
 def export_agreement(*path):
-  figures = record("export_agreement.json")
-  for key in path:
-    figures = figures[key]
-  return figures
+  return record("export_agreement.json", *path)
 
 
 def greedy_agreement(engine: str) -> tuple[str, str]:

@@ -11,8 +11,8 @@ and sacreBLEU. Before it, untimed, ours translates the whole set (it compiles ea
 it meets), the other engines one batch (their caches and threads). Batch 1 is latency: the
 first --latency_sentences sentences one call each (each translated once untimed first),
 sentences/s and the median milliseconds per sentence. --generate_sentences=N: generate (the
-slowest, 30-50x) takes the first N sentences of each set at batch > 1 (its sacreBLEU then is
-of those). The engines take their own threads (all the cores); run it alone on the machine:
+slowest) takes the first N sentences of each set at batch > 1 (its sacreBLEU then is
+of those). The engines take their own threads (CTranslate2: --ctranslate2_threads); run it alone:
 the 1-minute load average is printed and kept at the start and end of each row. Each engine
 is told our length limit per batch (its longest source + EOS + 50), not per sentence: what a
 user would set. Beam 4: ours with GNMT's penalty, theirs with length**0.6. The exported
@@ -42,7 +42,8 @@ flags.DEFINE_integer("generate_sentences", 0, "generate f32 at batch > 1: only t
                      "sentences of each set (0: all).")
 flags.DEFINE_string("json", None, "Also write the rows and the run's facts to this file.")
 flags.DEFINE_integer("ctranslate2_threads", 0, "CTranslate2's intra_threads (0: one per CPU "
-                     "core, as ours and torch take; CTranslate2's own default is 4).")
+                     "core; its own default is 4). On the 2-core VM of docs/EXPORT.md one "
+                     "thread was fastest, up to 2.7x at batch 64 and 6.7x at batch 1.")
 flags.DEFINE_integer("step", None, "The checkpoints ending at this step (default: the newest; "
                      "pin it while the run still trains).")
 FLAGS = flags.FLAGS
